@@ -1,0 +1,44 @@
+"""The agent's typed configuration (from the command line today; a file can feed the same model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from edgefleet.core.mqtt import Protocol
+from edgefleet.core.topics import DEFAULT_PREFIX, check_segment
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    broker: str = Field(description="mqtt://host:port or mqtts://host:port")
+    device_id: str
+    state_dir: Path
+    profile: str = Field(default="auto", description="a profile name, or auto to detect it")
+    groups: list[str] = Field(default_factory=list)
+    trust: list[Path] = Field(default_factory=list, description="public keys (files or directories) to trust")
+    prefix: str = DEFAULT_PREFIX
+    protocol: Protocol = "auto"
+    telemetry_interval_s: float = Field(default=5.0, gt=0)
+    threads: int = Field(default=0, ge=0, description="inference threads; 0 lets the runtime decide")
+    block_window: int = Field(default=8, ge=1, le=256)
+    keep_previous: int = Field(default=2, ge=0)
+    offer_timeout_s: float = Field(default=30.0, gt=0)
+    retry_delay_s: float = Field(default=10.0, gt=0)
+    min_free_bytes: int = Field(default=16 * 2**20, ge=0, description="disk kept free beyond a download")
+
+    @field_validator("device_id")
+    @classmethod
+    def _device_id(cls, value: str) -> str:
+        return check_segment("device id", value)
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, value: list[str]) -> list[str]:
+        return [check_segment("group", g) for g in value]
+
+    @property
+    def trusted_paths(self) -> list[Path]:
+        return self.trust or [self.state_dir / "trusted"]

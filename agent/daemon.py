@@ -1,0 +1,387 @@
+"""The agent daemon: MQTT wiring, the install worker, the inference worker and the telemetry loop.
+
+paho's network thread only decodes and enqueues; installs and inference run on their own threads so
+a long download never blocks inference and a bad message never reaches the runtime unchecked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import onnxruntime as ort
+import psutil
+
+from edgefleet import __version__
+from edgefleet.agent.config import AgentConfig
+from edgefleet.agent.installer import InstallContext, Refused, install, load_installed
+from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.store import Store
+from edgefleet.agent.telemetry import RequestStats, ResourceSampler
+from edgefleet.agent.transfer import TransferError
+from edgefleet.core.errors import BrokerError, BundleError, DataError, EdgefleetError
+from edgefleet.core.messages import (
+    Desired,
+    DeviceState,
+    DeviceStatus,
+    Event,
+    EventKind,
+    Hardware,
+    InferRequest,
+    InferResponse,
+    MessageError,
+    Telemetry,
+    WireTensor,
+    decode,
+)
+from edgefleet.core.mqtt import Connection, Will
+from edgefleet.core.profiles import detect_profile, get_profile
+from edgefleet.core.signing import TrustedKeys
+from edgefleet.core.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.topics = Topics(config.prefix)
+        self.store = Store(config.state_dir, keep_previous=config.keep_previous)
+        self.trusted = TrustedKeys.load(config.trusted_paths)
+        self.profile = detect_profile() if config.profile == "auto" else get_profile(config.profile)
+        self.model: LoadedModel | None = None
+        self.state: DeviceState = "starting"
+        self.last_error: str | None = None
+        self.stats = RequestStats()
+        self.resources = ResourceSampler()
+        self._device_desired: Desired | None = None
+        self._group_desired: dict[str, Desired] = {}
+        self._refused: set[tuple[str, float]] = set()  # (bundle id, issued_at) we gave up on
+        self._work: queue.Queue[str] = queue.Queue()
+        self._requests: queue.Queue[bytes] = queue.Queue(maxsize=256)
+        self._stop = threading.Event()
+        self._status_lock = threading.Lock()
+        offline = DeviceStatus(
+            device_id=config.device_id,
+            online=False,
+            state="offline",
+            agent_version=__version__,
+            profile=self.profile.name,
+            groups=config.groups,
+        )
+        self.conn = Connection(
+            config.broker,
+            f"edgefleet-agent-{config.device_id}",
+            protocol=config.protocol,
+            will=Will(self.topics.status(config.device_id), offline.encode()),
+            on_connected=self._on_connected,
+        )
+
+    # --- lifecycle
+    def run(self) -> None:
+        """Serve until `stop()`; the broker may come and go meanwhile."""
+        removed = self.store.clean_incomplete()
+        if removed:
+            log.info("removed incomplete installs left by a crash: %s", ", ".join(removed))
+        self._restore()
+        cid = self.config.device_id
+        self.conn.subscribe(self.topics.device_desired(cid), self._on_device_desired)
+        for group in self.config.groups:
+            self.conn.subscribe(self.topics.group_desired(group), self._on_group_desired)
+        self.conn.subscribe(self.topics.infer_request(cid), self._on_infer_request, qos=0)
+        self.conn.start(wait=None)
+        threads = [
+            threading.Thread(target=self._install_loop, name="install", daemon=True),
+            threading.Thread(target=self._inference_loop, name="inference", daemon=True),
+            threading.Thread(target=self._telemetry_loop, name="telemetry", daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        self._stop.wait()
+        if self.conn.connected:
+            with contextlib.suppress(BrokerError):  # going down anyway; the last will covers us
+                self._publish_status(online=False, state="offline", wait=2.0)
+        self.conn.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._work.put("stop")
+
+    def _restore(self) -> None:
+        """Start on the last committed bundle, falling back to older ones if it no longer checks out."""
+        state = self.store.load_state()
+        for bundle_id in [b for b in [state.committed, *state.history] if b]:
+            try:
+                self.model = load_installed(self.store, bundle_id, self.trusted, self.config.threads)
+            except EdgefleetError as err:
+                log.error("installed bundle %s does not check out: %s", bundle_id, err)
+                self.last_error = f"{bundle_id}: {err}"
+                continue
+            if bundle_id != state.committed:
+                self.store.commit(bundle_id, self.model.manifest.model_name, self.model.manifest.model_version)
+            log.info("serving committed bundle %s on %s", bundle_id, self.model.provider)
+            self.state = "serving"
+            return
+        self.state = "idle"
+
+    # --- MQTT callbacks (network thread: decode and enqueue only)
+    def _on_connected(self) -> None:
+        self._publish_status()
+        self._work.put("reconcile")
+
+    def _on_device_desired(self, topic: str, payload: bytes, retained: bool) -> None:
+        if not payload:  # a cleared retained message
+            self._device_desired = None
+            return
+        try:
+            self._device_desired = decode(Desired, payload)
+        except MessageError as err:
+            self._refuse_message(topic, err)
+            return
+        self._work.put("reconcile")
+
+    def _on_group_desired(self, topic: str, payload: bytes, retained: bool) -> None:
+        group = topic.split("/")[-2]
+        if not payload:
+            self._group_desired.pop(group, None)
+            return
+        try:
+            self._group_desired[group] = decode(Desired, payload)
+        except MessageError as err:
+            self._refuse_message(topic, err)
+            return
+        self._work.put("reconcile")
+
+    def _on_infer_request(self, topic: str, payload: bytes, retained: bool) -> None:
+        try:
+            self._requests.put_nowait(payload)
+        except queue.Full:
+            self.stats.record_error()
+            log.warning("inference queue full; request dropped")
+
+    def _refuse_message(self, topic: str, err: Exception) -> None:
+        log.warning("refused message on %s: %s", topic, err)
+        self._event("refused", f"message on {topic}: {err}")
+
+    # --- install worker
+    def _effective_desired(self) -> Desired | None:
+        if self._device_desired is not None:
+            return self._device_desired
+        for group in self.config.groups:
+            if group in self._group_desired:
+                return self._group_desired[group]
+        return None
+
+    def _install_loop(self) -> None:
+        while not self._stop.is_set():
+            item = self._work.get()
+            if item == "stop":
+                return
+            try:
+                self._reconcile()
+            except Exception as err:  # the daemon must outlive any bug in one install
+                log.exception("install worker failed")
+                self.last_error = f"internal error: {err}"
+                self._publish_status()
+
+    def _reconcile(self) -> None:
+        desired = self._effective_desired()
+        if desired is None or (self.model is not None and desired.bundle_id == self.model.bundle_id):
+            return
+        key = (desired.bundle_id, desired.issued_at)
+        if key in self._refused:
+            return
+        bundle_id = desired.bundle_id
+        self._event("desired", f"{desired.model_name} {desired.model_version} ({bundle_id})", bundle_id=bundle_id)
+        self._set_state("downloading")
+        ctx = InstallContext(
+            self.conn,
+            self.topics,
+            self.store,
+            self.trusted,
+            self.profile.name,
+            self.config.threads,
+            self.config.block_window,
+            self.config.offer_timeout_s,
+            self.config.min_free_bytes,
+        )
+
+        def notify(kind: str, detail: str, progress: float | None) -> None:
+            if kind == "downloaded":
+                self._set_state("installing")
+            self._event(kind, detail, bundle_id=bundle_id, progress=progress)  # type: ignore[arg-type]
+
+        try:
+            model = install(ctx, desired, self.store.load_state().versions, notify)
+        except (TransferError, BrokerError) as err:
+            # Transient: the bundle may appear or the link come back; try again later.
+            self._fail(bundle_id, "error", f"{err}; retrying in {self.config.retry_delay_s:g} s")
+            self._retry_later()
+            return
+        except (Refused, BundleError) as err:
+            self._refused.add(key)
+            kind: EventKind = "rolled-back" if self.model is not None else "refused"
+            self._fail(bundle_id, kind, str(err))
+            return
+        self.store.commit(bundle_id, model.manifest.model_name, model.manifest.model_version)
+        model.bundle_dir = self.store.bundle_dir(bundle_id)
+        previous, self.model = self.model, model  # hot swap: the old model served until this line
+        self.last_error = None
+        self._set_state("serving")
+        detail = f"now serving on {model.provider}" + (f" (was {previous.bundle_id})" if previous else "")
+        self._event("committed", detail, bundle_id=bundle_id)
+
+    def _fail(self, bundle_id: str, kind: EventKind, reason: str) -> None:
+        log.warning("bundle %s: %s", bundle_id, reason)
+        self.last_error = f"{bundle_id}: {reason}"
+        self._event(kind, reason, bundle_id=bundle_id)
+        self._set_state("serving" if self.model is not None else "idle")
+
+    def _retry_later(self) -> None:
+        timer = threading.Timer(self.config.retry_delay_s, self._work.put, args=("reconcile",))
+        timer.daemon = True
+        timer.start()
+
+    # --- inference worker
+    def _inference_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                payload = self._requests.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                request = decode(InferRequest, payload)
+            except MessageError as err:
+                self.stats.record_error()
+                log.warning("refused inference request: %s", err)
+                continue
+            response = self._infer(request)
+            try:
+                self.conn.publish(
+                    self.topics.infer_response(self.config.device_id, request.client_id), response.encode(), qos=0
+                )
+            except (BrokerError, ValueError) as err:
+                log.warning("cannot answer request %s: %s", request.request_id, err)
+
+    def _infer(self, request: InferRequest) -> InferResponse:
+        model = self.model
+        if model is None:
+            self.stats.record_error()
+            return InferResponse(request_id=request.request_id, ok=False, error="no model installed")
+        try:
+            feeds = {name: tensor.to_array() for name, tensor in request.inputs.items()}
+            start = time.perf_counter()
+            outputs = model.run(feeds)
+            latency = (time.perf_counter() - start) * 1000
+        except (MessageError, DataError) as err:
+            self.stats.record_error()
+            return InferResponse(request_id=request.request_id, ok=False, error=str(err), bundle_id=model.bundle_id)
+        except Exception as err:  # a runtime failure answers the caller instead of killing the worker
+            self.stats.record_error()
+            return InferResponse(
+                request_id=request.request_id, ok=False, error=f"inference failed: {err}", bundle_id=model.bundle_id
+            )
+        self.stats.record(latency)
+        return InferResponse(
+            request_id=request.request_id,
+            ok=True,
+            latency_ms=round(latency, 4),
+            provider=model.provider,
+            bundle_id=model.bundle_id,
+            outputs={k: WireTensor.of(v) for k, v in outputs.items()},
+        )
+
+    # --- telemetry
+    def _telemetry_loop(self) -> None:
+        while not self._stop.wait(self.config.telemetry_interval_s):
+            try:
+                self._publish_telemetry()
+            except Exception:  # telemetry must never take the agent down
+                log.exception("telemetry failed")
+
+    def _publish_telemetry(self) -> None:
+        latency, requests, errors, window_s = self.stats.snapshot()
+        model = self.model
+        golden = model.last_golden if model else None
+        message = Telemetry(
+            device_id=self.config.device_id,
+            bundle_id=model.bundle_id if model else None,
+            provider=model.provider if model else None,
+            window_s=round(window_s, 3),
+            requests=requests,
+            errors=errors,
+            throughput_rps=round(requests / window_s, 3) if window_s > 0 else 0.0,
+            latency=latency,
+            golden_agreement=golden.agreement if golden else None,
+            golden_max_abs_error=golden.max_abs_error if golden else None,
+            cpu_percent=self.resources.cpu_percent(),
+            rss_mb=self.resources.rss_mb(),
+            temperature_c=self.resources.temperature_c(),
+        )
+        if self.conn.connected:
+            self.conn.publish(self.topics.telemetry(self.config.device_id), message.encode(), qos=1)
+
+    # --- status and events
+    def _set_state(self, state: DeviceState) -> None:
+        self.state = state
+        self._publish_status()
+
+    def _publish_status(
+        self, *, online: bool = True, state: DeviceState | None = None, wait: float | None = None
+    ) -> None:
+        model = self.model
+        status = DeviceStatus(
+            device_id=self.config.device_id,
+            online=online,
+            state=state or self.state,
+            agent_version=__version__,
+            profile=self.profile.name,
+            groups=self.config.groups,
+            hardware=_hardware(),
+            providers=ort.get_available_providers(),
+            active_bundle=model.bundle_id if model else None,
+            active_model=f"{model.manifest.model_name}@{model.manifest.model_version}" if model else None,
+            provider_in_use=model.provider if model else None,
+            verified=bool(model and model.last_golden and model.last_golden.passed),
+            last_error=self.last_error,
+        )
+        with self._status_lock:
+            if self.conn.connected:
+                self.conn.publish(
+                    self.topics.status(self.config.device_id), status.encode(), qos=1, retain=True, wait=wait
+                )
+
+    def _event(
+        self, kind: EventKind, detail: str, *, bundle_id: str | None = None, progress: float | None = None
+    ) -> None:
+        event = Event(device_id=self.config.device_id, kind=kind, bundle_id=bundle_id, detail=detail, progress=progress)
+        log.info("event %s %s: %s", kind, bundle_id or "", detail)
+        if self.conn.connected:
+            self.conn.publish(self.topics.events(self.config.device_id), event.encode(), qos=1)
+
+
+def _hardware() -> Hardware:
+    return Hardware(
+        arch=platform.machine(),
+        os=platform.system().lower(),
+        cpu_count=os.cpu_count() or 1,
+        memory_mb=int(psutil.virtual_memory().total / 2**20),
+        hostname=socket.gethostname(),
+    )
+
+
+def run_agent(config: AgentConfig, install_signal_handlers: Callable[[Agent], None] | None = None) -> None:
+    agent = Agent(config)
+    if install_signal_handlers is not None:
+        install_signal_handlers(agent)
+    agent.run()
+
+
+__all__ = ["Agent", "run_agent"]

@@ -1,0 +1,74 @@
+"""What the agent measures about itself: inference latency, request counts, CPU, memory, temperature."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import psutil
+
+from edgefleet.core.messages import LatencySummary
+
+
+class RequestStats:
+    """Latencies and counts since the last report, plus a bounded rolling window for percentiles."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._latencies: deque[float] = deque(maxlen=window)
+        self._requests = 0
+        self._errors = 0
+        self._since = time.monotonic()
+
+    def record(self, latency_ms: float) -> None:
+        with self._lock:
+            self._latencies.append(latency_ms)
+            self._requests += 1
+
+    def record_error(self) -> None:
+        with self._lock:
+            self._errors += 1
+
+    def snapshot(self) -> tuple[LatencySummary, int, int, float]:
+        """(latency over the rolling window, requests and errors since last call, seconds since last call)."""
+        with self._lock:
+            values = np.fromiter(self._latencies, dtype=np.float64)
+            requests, errors = self._requests, self._errors
+            now = time.monotonic()
+            window_s, self._since = now - self._since, now
+            self._requests = self._errors = 0
+        if values.size == 0:
+            return LatencySummary(count=0, p50_ms=None, p95_ms=None, p99_ms=None), requests, errors, window_s
+        p50, p95, p99 = np.percentile(values, [50, 95, 99])
+        summary = LatencySummary(
+            count=int(values.size),
+            p50_ms=round(float(p50), 4),
+            p95_ms=round(float(p95), 4),
+            p99_ms=round(float(p99), 4),
+        )
+        return summary, requests, errors, window_s
+
+
+class ResourceSampler:
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._process.cpu_percent(None)  # the first call only sets the baseline
+
+    def cpu_percent(self) -> float:
+        return float(self._process.cpu_percent(None))
+
+    def rss_mb(self) -> float:
+        return round(self._process.memory_info().rss / 2**20, 1)
+
+    def temperature_c(self) -> float | None:
+        """Hottest sensor psutil can read (Jetson thermal zones included); None where there are none."""
+        reader = getattr(psutil, "sensors_temperatures", None)
+        if reader is None:
+            return None
+        try:
+            readings = [t.current for sensors in reader().values() for t in sensors if t.current]
+        except (OSError, RuntimeError):
+            return None
+        return round(max(readings), 1) if readings else None

@@ -1,0 +1,67 @@
+"""Choosing a recipe: a pure function of what was measured and the profile's budget.
+
+Keeps the fastest candidate inside the accuracy budget and the size limit, and says why every
+other candidate lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One recipe measured on this machine. `error` is set when building or running it failed."""
+
+    name: str
+    precision: str
+    runtime: str
+    size_bytes: int = 0
+    accuracy: float | None = None
+    latency_ms: float | None = None
+    error: str | None = None
+    rejected: str | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    chosen: Candidate | None
+    rejected: list[Candidate]
+    accuracy_floor: float
+
+
+def choose(candidates: list[Candidate], *, reference: float, max_drop: float, size_limit_bytes: int) -> Choice:
+    floor = reference - max_drop
+    eligible: list[Candidate] = []
+    rejected: list[Candidate] = []
+    for cand in candidates:
+        reason = _disqualification(cand, floor, reference, max_drop, size_limit_bytes)
+        if reason:
+            rejected.append(replace(cand, rejected=reason))
+        else:
+            eligible.append(cand)
+    if not eligible:
+        return Choice(None, rejected, floor)
+    eligible.sort(key=lambda c: (c.latency_ms, c.size_bytes))
+    best = eligible[0]
+    for cand in eligible[1:]:
+        assert cand.latency_ms is not None and best.latency_ms is not None  # eligible ones are measured
+        ratio = cand.latency_ms / best.latency_ms
+        reason = f"slower: {cand.latency_ms:.3f} ms median vs {best.latency_ms:.3f} ms for {best.name} ({ratio:.2f}x)"
+        rejected.append(replace(cand, rejected=reason))
+    return Choice(best, rejected, floor)
+
+
+def _disqualification(cand: Candidate, floor: float, reference: float, max_drop: float, size_limit: int) -> str:
+    if cand.error:
+        return f"failed: {cand.error}"
+    if cand.accuracy is None or cand.latency_ms is None:
+        return "not measured"
+    if cand.accuracy < floor - 1e-12:
+        return (
+            f"accuracy {cand.accuracy:.4f} below the budget floor {floor:.4f} "
+            f"(FP32 reference {reference:.4f} minus {max_drop:.4f})"
+        )
+    if cand.size_bytes > size_limit:
+        return f"size {cand.size_bytes / 1e6:.1f} MB over the profile's limit {size_limit / 1e6:.1f} MB"
+    return ""

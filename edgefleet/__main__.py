@@ -1,0 +1,3 @@
+from edgefleet.cli.main import main
+
+raise SystemExit(main())

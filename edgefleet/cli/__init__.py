@@ -1,0 +1,1 @@
+"""The `edgefleet` command line: one module per command group, registered in main.py."""

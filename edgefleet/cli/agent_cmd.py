@@ -1,0 +1,56 @@
+"""`edgefleet agent`: the on-device daemon."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+from edgefleet.core.topics import DEFAULT_PREFIX
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("agent", help="run the device agent (pull, verify, install, serve, report)")
+    parser.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
+    parser.add_argument("--device-id", required=True)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--profile", default="auto", help="profile name, or auto to detect")
+    parser.add_argument("--group", action="append", default=[], help="groups this device belongs to")
+    parser.add_argument(
+        "--trust",
+        type=Path,
+        action="append",
+        default=[],
+        help="trusted public key file or directory (default STATE_DIR/trusted)",
+    )
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX)
+    parser.add_argument("--protocol", choices=["auto", "3.1.1", "5"], default="auto")
+    parser.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between telemetry reports")
+    parser.add_argument("--threads", type=int, default=0, help="inference threads (0: runtime default)")
+    parser.set_defaults(func=cmd_agent)
+
+
+def cmd_agent(args: argparse.Namespace) -> None:
+    import logging
+
+    from edgefleet.agent.config import AgentConfig
+    from edgefleet.agent.daemon import Agent
+
+    if args.verbose == 0:
+        logging.getLogger().setLevel(logging.INFO)  # a daemon's log is its record of what it refused
+    config = AgentConfig(
+        broker=args.broker,
+        device_id=args.device_id,
+        state_dir=args.state_dir,
+        profile=args.profile,
+        groups=args.group,
+        trust=args.trust,
+        prefix=args.prefix,
+        protocol=args.protocol,
+        telemetry_interval_s=args.telemetry_interval,
+        threads=args.threads,
+    )
+    agent = Agent(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stop())
+    agent.run()

@@ -1,0 +1,1 @@
+"""The host control plane: publishing bundles, desired state, fleet status, the demo."""

@@ -1,0 +1,185 @@
+"""Hardware profiles: one YAML file per profile in device_profiles/, validated by the models below."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from edgefleet.core.errors import UnknownNameError, UserInputError
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
+
+Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static"]
+Runtime = Literal["onnxruntime", "openvino", "coreml", "tensorrt", "onnxruntime-web"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class MatchRules(_Frozen):
+    """How `profiles detect` and `agent --profile auto` recognise the hardware. All given rules must hold."""
+
+    arch: list[str] = Field(description="platform.machine() values, e.g. x86_64, aarch64, arm64")
+    os: list[str] = Field(default_factory=list, description="platform.system() lowercased; empty = any")
+    cpu_flags_all: list[str] = Field(default_factory=list, description="/proc/cpuinfo flags that must all be set")
+    cpu_flags_any: list[str] = Field(default_factory=list, description="at least one of these flags")
+    files: list[str] = Field(default_factory=list, description="files that must exist, e.g. /etc/nv_tegra_release")
+    providers_any: list[str] = Field(default_factory=list, description="an available ORT execution provider")
+
+
+class Target(_Frozen):
+    """One way to run a model on this hardware; a profile lists them in preference order."""
+
+    runtime: Runtime
+    format: Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
+    providers: list[str] = Field(description="execution providers / devices, in preference order")
+    precisions: list[Precision] = Field(min_length=1, description="precision recipes worth trying")
+    int8_reduce_range: bool = Field(
+        default=False, description="7-bit weights for int8: avoids saturation on CPUs without VNNI"
+    )
+
+
+class OpsetRange(_Frozen):
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OpsetRange:
+        if self.min > self.max:
+            raise ValueError(f"opset min {self.min} is above max {self.max}")
+        return self
+
+
+class AccuracyBudget(_Frozen):
+    max_drop: float = Field(ge=0, le=1, description="largest allowed drop of top-1 / agreement vs FP32")
+
+
+class Profile(_Frozen):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str
+    match: MatchRules
+    accelerators: list[str]
+    memory_budget_mb: int = Field(gt=0)
+    targets: list[Target] = Field(min_length=1)
+    opset: OpsetRange
+    accuracy_budget: AccuracyBudget
+    size_limit_mb: float = Field(gt=0)
+    intra_op_threads: int = Field(default=0, ge=0, description="threads the device gives inference; 0 = all")
+
+    @property
+    def specificity(self) -> int:
+        """More rules = more specific; detection prefers the most specific profile that matches."""
+        rules = self.match
+        return (
+            len(rules.cpu_flags_all)
+            + min(1, len(rules.cpu_flags_any))
+            + 2 * len(rules.files)
+            + min(1, len(rules.providers_any))
+            + min(1, len(rules.os))
+        )
+
+
+def _load_file(path: Path) -> Profile:
+    try:
+        data = yaml.safe_load(path.read_text())
+        profile = Profile.model_validate(data)
+    except (OSError, yaml.YAMLError) as err:
+        raise UserInputError(f"cannot read profile {path}: {err}") from err
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise UserInputError(f"profile {path.name}: {first['msg']} at {'.'.join(map(str, first['loc']))}") from err
+    if profile.name != path.stem:
+        raise UserInputError(f"profile {path.name} declares name {profile.name!r}; they must match")
+    return profile
+
+
+@cache
+def load_profiles(directory: Path = PROFILES_DIR) -> dict[str, Profile]:
+    profiles = {p.stem: _load_file(p) for p in sorted(directory.glob("*.yaml"))}
+    if not profiles:
+        raise UserInputError(f"no profiles found in {directory}")
+    return profiles
+
+
+def get_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
+    profiles = load_profiles(directory)
+    if name not in profiles:
+        raise UnknownNameError("profile", name, profiles)
+    return profiles[name]
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    arch: str
+    os: str
+    cpu_flags: frozenset[str]
+    existing_files: frozenset[str] = frozenset()
+    providers: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def probe(cls, watched_files: Iterable[str] = ()) -> HostFacts:
+        flags: set[str] = set()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith(("flags", "Features")):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
+        except OSError:
+            pass
+        try:
+            import onnxruntime
+
+            providers = frozenset(onnxruntime.get_available_providers())
+        except ImportError:
+            providers = frozenset()
+        return cls(
+            arch=platform.machine().lower(),
+            os=platform.system().lower(),
+            cpu_flags=frozenset(flags),
+            existing_files=frozenset(f for f in watched_files if Path(f).exists()),
+            providers=providers,
+        )
+
+
+def match_reasons(profile: Profile, facts: HostFacts) -> list[str]:
+    """Why `profile` does not fit `facts`; empty when it matches."""
+    rules, misses = profile.match, []
+    if facts.arch not in rules.arch:
+        misses.append(f"arch {facts.arch} not in {rules.arch}")
+    if rules.os and facts.os not in rules.os:
+        misses.append(f"os {facts.os} not in {rules.os}")
+    lacking = [flag for flag in rules.cpu_flags_all if flag not in facts.cpu_flags]
+    if lacking:
+        misses.append(f"CPU lacks {', '.join(lacking)}")
+    if rules.cpu_flags_any and not facts.cpu_flags.intersection(rules.cpu_flags_any):
+        misses.append(f"CPU has none of {', '.join(rules.cpu_flags_any)}")
+    absent = [f for f in rules.files if f not in facts.existing_files]
+    if absent:
+        misses.append(f"missing {', '.join(absent)}")
+    if rules.providers_any and not facts.providers.intersection(rules.providers_any):
+        misses.append(f"no provider among {', '.join(rules.providers_any)}")
+    return misses
+
+
+def detect(profiles: Iterable[Profile], facts: HostFacts) -> list[Profile]:
+    """Matching profiles, most specific first."""
+    matching = [p for p in profiles if not match_reasons(p, facts)]
+    return sorted(matching, key=lambda p: (-p.specificity, p.name))
+
+
+def detect_profile(directory: Path = PROFILES_DIR) -> Profile:
+    profiles = load_profiles(directory).values()
+    facts = HostFacts.probe(f for p in profiles for f in p.match.files)
+    found = detect(profiles, facts)
+    if not found:
+        raise UserInputError(f"no profile matches this machine ({facts.arch}, {facts.os}); pass --profile NAME")
+    return found[0]

@@ -1,0 +1,82 @@
+"""Every MQTT topic edgefleet uses, built in one place (see the contract in the README)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "edgefleet/v1"
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+def check_segment(kind: str, value: str) -> str:
+    """Device ids, group names and bundle ids become topic levels: no wildcards, slashes or spaces."""
+    if not _SEGMENT.match(value):
+        raise ValueError(
+            f"invalid {kind} {value!r}: use 1-128 letters, digits, '.', '_', ':' or '-', starting alphanumeric"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Topics:
+    prefix: str = DEFAULT_PREFIX
+
+    # --- device -> host
+    def status(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/status"
+
+    def telemetry(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/telemetry"
+
+    def events(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/events"
+
+    # --- host -> device
+    def device_desired(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/desired"
+
+    def group_desired(self, group: str) -> str:
+        return f"{self.prefix}/groups/{check_segment('group', group)}/desired"
+
+    def bundle_offer(self, bundle_id: str) -> str:
+        """Retained: the signed manifest plus the transfer descriptor (size, hashes, block layout)."""
+        return f"{self.prefix}/bundles/{check_segment('bundle id', bundle_id)}/manifest"
+
+    def bundle_block(self, bundle_id: str, index: int) -> str:
+        """Retained: one block of the bundle file."""
+        return f"{self.prefix}/bundles/{check_segment('bundle id', bundle_id)}/blocks/{index}"
+
+    # --- request/response inference (remote calls into a device's model)
+    def infer_request(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/infer/request"
+
+    def infer_response(self, device_id: str, client_id: str) -> str:
+        return (
+            f"{self.prefix}/devices/{check_segment('device id', device_id)}"
+            f"/infer/response/{check_segment('client id', client_id)}"
+        )
+
+    # --- wildcards for the host
+    def all_status(self) -> str:
+        return f"{self.prefix}/devices/+/status"
+
+    def all_telemetry(self) -> str:
+        return f"{self.prefix}/devices/+/telemetry"
+
+    def all_events(self) -> str:
+        return f"{self.prefix}/devices/+/events"
+
+    def device_id_of(self, topic: str) -> str | None:
+        """The device id in a `{prefix}/devices/{id}/...` topic, or None."""
+        head = f"{self.prefix}/devices/"
+        if not topic.startswith(head):
+            return None
+        rest = topic[len(head) :].split("/", 1)
+        return rest[0] if rest and rest[0] else None
+
+    def block_index_of(self, topic: str) -> int | None:
+        _, sep, tail = topic.rpartition("/blocks/")
+        if not sep or not tail.isdigit():
+            return None
+        return int(tail)
