@@ -59,7 +59,9 @@ def cmd_detect(args: argparse.Namespace) -> None:
     profiles = list(load_profiles().values())
     facts = HostFacts.probe(f for p in profiles for f in p.match.files)
     matching = detect(profiles, facts)
-    verdicts = [{"profile": p.name, "matches": p in matching, "why_not": match_reasons(p, facts)} for p in profiles]
+    verdicts: list[dict[str, Any]] = [
+        {"profile": p.name, "matches": p in matching, "why_not": match_reasons(p, facts)} for p in profiles
+    ]
     if args.json:
         print_json(
             {
