@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -72,11 +73,21 @@ class MosquittoBroker:
     `restart()` keeps the port, so clients can reconnect to the same URL (fault injection).
     """
 
-    def __init__(self, port: int = 0, persistence_dir: str | Path | None = None, host: str = HOST) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        persistence_dir: str | Path | None = None,
+        host: str = HOST,
+        extra_config: Sequence[str] = (),
+    ) -> None:
+        """`extra_config`: lines appended to the generated configuration, e.g. a second `listener` with its TLS
+        settings, or `acl_file`. The plain anonymous listener on `port` stays: it is how `start()` knows the
+        broker is up (an `acl_file` leaves anonymous clients nothing to read or write)."""
         self.binary = mosquitto_binary()
         self.host = host
         self.port = port or free_port(host)
         self.persistence_dir = Path(persistence_dir) if persistence_dir is not None else None
+        self.extra_config = list(extra_config)
         self._tmp = tempfile.TemporaryDirectory(prefix="edgefleet-mosquitto-")
         self.config_path = Path(self._tmp.name, "mosquitto.conf")
         self.log_path = Path(self._tmp.name, "mosquitto.log")
@@ -108,6 +119,7 @@ class MosquittoBroker:
         else:
             self.persistence_dir.mkdir(parents=True, exist_ok=True)
             lines += ["persistence true", f"persistence_location {self.persistence_dir}/"]
+        lines += self.extra_config
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def stderr(self) -> str:

@@ -18,13 +18,14 @@ from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 import pytest
-from brokers import MosquittoBroker, free_port
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edgefleet.control.embedded_broker import EmbeddedBroker
+
+from brokers import MosquittoBroker, free_port
 
 HOST = "127.0.0.1"
 WAIT = 2.0  # seconds; every wait below is bounded by this

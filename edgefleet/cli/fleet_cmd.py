@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_broker, add_json, connect, fmt, print_json, print_table
-from edgefleet.control.fleet import DeviceRow, FleetView
-from edgefleet.control.publish import deploy, publish_bundle
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.transfer import DEFAULT_BLOCK_SIZE
+
+if TYPE_CHECKING:
+    from edgefleet.control.fleet import DeviceRow
+
+# Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +56,8 @@ def cmd_broker(args: argparse.Namespace) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> None:
+    from edgefleet.control.publish import publish_bundle
+
     conn, topics = connect(args, "publish")
     try:
         manifest, offer = publish_bundle(conn, topics, args.bundle, block_size=args.block_size)
@@ -66,6 +72,8 @@ def cmd_publish(args: argparse.Namespace) -> None:
 
 
 def cmd_deploy(args: argparse.Namespace) -> None:
+    from edgefleet.control.publish import deploy, publish_bundle
+
     if not args.device and not args.group:
         raise UserInputError("deploy needs at least one --device or --group")
     conn, topics = connect(args, "deploy")
@@ -121,6 +129,8 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> None:
+    from edgefleet.control.fleet import FleetView
+
     conn, topics = connect(args, "fleet")
     try:
         view = FleetView(conn, topics)

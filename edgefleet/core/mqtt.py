@@ -166,9 +166,12 @@ class Connection:
         client.on_message = self._handle_unrouted
         self._client = client
         try:
-            client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive)
+            if wait is None:  # a daemon: keep retrying in the background, even the first connection
+                client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive)
+            else:  # a command: a refused or unresolvable broker is an immediate, clear error
+                client.connect(self.address.host, self.address.port, keepalive=self._keepalive)
         except (OSError, ValueError) as err:
-            raise BrokerError(f"cannot connect to {self.address}: {err}") from err
+            raise BrokerError(f"cannot connect to the MQTT broker at {self.address}: {err}") from err
         client.loop_start()
         if wait is not None and not self._connected.wait(wait):
             self.stop()

@@ -1,0 +1,135 @@
+"""Test helpers: an agent running as a real subprocess, and a recorder of what devices publish."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from edgefleet.core.messages import DeviceStatus, Event, Telemetry, decode
+from edgefleet.core.mqtt import Connection
+from edgefleet.core.topics import Topics
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
+DIGITS = REPO / "models" / "digits"
+
+
+class AgentProcess:
+    def __init__(
+        self,
+        device_id: str,
+        state_dir: Path,
+        *,
+        broker: str,
+        trust: Path,
+        profile: str = "intel-x86-vnni",
+        groups: tuple[str, ...] = (),
+        telemetry_interval: float = 1.0,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.device_id, self.state_dir = device_id, state_dir
+        self.cmd = [
+            sys.executable, "-m", "edgefleet", "agent", "--broker", broker, "--device-id", device_id,
+            "--state-dir", str(state_dir), "--profile", profile, "--trust", str(trust),
+            "--telemetry-interval", str(telemetry_interval), "--threads", "1", *extra,
+        ]  # fmt: skip
+        for group in groups:
+            self.cmd += ["--group", group]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = state_dir.parent / f"{device_id}.log"
+
+    def start(self) -> AgentProcess:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class FleetWatcher:
+    """Records every status, event and telemetry message the devices publish."""
+
+    def __init__(self, conn: Connection, topics: Topics) -> None:
+        self.topics = topics
+        self._lock = threading.Lock()
+        self.status: dict[str, DeviceStatus] = {}
+        self.events: list[Event] = []
+        self.telemetry: list[Telemetry] = []
+        conn.subscribe(topics.all_status(), self._on_status)
+        conn.subscribe(topics.all_events(), self._on_event)
+        conn.subscribe(topics.all_telemetry(), self._on_telemetry)
+
+    def _on_status(self, topic: str, payload: bytes, retained: bool) -> None:
+        if payload:
+            message = decode(DeviceStatus, payload)
+            with self._lock:
+                self.status[message.device_id] = message
+
+    def _on_event(self, topic: str, payload: bytes, retained: bool) -> None:
+        with self._lock:
+            self.events.append(decode(Event, payload))
+
+    def _on_telemetry(self, topic: str, payload: bytes, retained: bool) -> None:
+        with self._lock:
+            self.telemetry.append(decode(Telemetry, payload))
+
+    def wait_for(self, what: str, predicate: Callable[[], T | None], timeout: float = 30.0) -> T:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                result = predicate()
+            if result:
+                return result
+            time.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; events: {self.event_log()}")
+
+    def event_log(self) -> list[str]:
+        return [f"{e.device_id} {e.kind} {e.bundle_id}: {e.detail}" for e in self.events]
+
+    def serving(self, device_id: str, bundle_id: str, timeout: float = 30.0) -> DeviceStatus:
+        def check() -> DeviceStatus | None:
+            status = self.status.get(device_id)
+            ok = status and status.online and status.active_bundle == bundle_id and status.verified
+            return status if ok else None
+
+        return self.wait_for(f"{device_id} serving {bundle_id}", check, timeout)
+
+    def event(self, device_id: str, kind: str, timeout: float = 30.0, bundle_id: str | None = None) -> Event:
+        def check() -> Event | None:
+            for event in self.events:
+                if event.device_id == device_id and event.kind == kind and bundle_id in (None, event.bundle_id):
+                    return event
+            return None
+
+        return self.wait_for(f"{device_id} event {kind}", check, timeout)

@@ -1,0 +1,112 @@
+"""The converter: the fastest recipe inside the accuracy budget, with a reason for every refusal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from edgefleet.converter.build import ConvertRequest, convert
+from edgefleet.converter.model import count_ops, load_model
+from edgefleet.converter.passes import optimize_portable
+from edgefleet.converter.recipes import Candidate, choose
+from edgefleet.core.bundle import parse_manifest, read_signed_manifest
+from edgefleet.core.errors import DataError, ModelError
+from edgefleet.core.profiles import get_profile
+from edgefleet.core.signing import SigningKey
+
+from fleet_helpers import DIGITS
+
+
+def test_demo_bundles_carry_accuracy_latency_recipe_and_golden_set(demo_bundles: dict[str, Path]) -> None:
+    for profile, path in demo_bundles.items():
+        manifest = parse_manifest(read_signed_manifest(path).manifest_json)
+        assert manifest.profile == profile and manifest.format == "onnx"
+        assert manifest.accuracy.metric == "top1" and manifest.accuracy.value >= 0.95
+        assert manifest.accuracy.value >= manifest.accuracy.reference - manifest.accuracy.budget
+        assert manifest.latency is not None and manifest.latency.median_ms > 0
+        assert manifest.recipe.name in ("fp32", "int8-static-qdq", "int8-static-qdq-reduce-range")
+        assert manifest.inputs[0].name == "input" and manifest.opset == {"": 17}
+        assert manifest.golden.count == 16
+
+
+def test_optimization_fuses_batchnorm_into_conv_and_stays_portable(tmp_path: Path) -> None:
+    result = optimize_portable(DIGITS / "digits_cnn.onnx", tmp_path / "opt.onnx")
+    assert result.ops_before["BatchNormalization"] == 3
+    assert "BatchNormalization" not in result.ops_after
+    model = onnx.load(str(tmp_path / "opt.onnx"))
+    assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
+
+
+def test_choose_keeps_the_fastest_candidate_inside_the_budget() -> None:
+    candidates = [
+        Candidate("fp32", "fp32", "onnxruntime", 100, accuracy=0.99, latency_ms=2.0),
+        Candidate("int8", "int8-static", "onnxruntime", 30, accuracy=0.985, latency_ms=1.0),
+        Candidate("int8-aggressive", "int8-static", "onnxruntime", 20, accuracy=0.90, latency_ms=0.5),
+        Candidate("fp16", "fp16", "onnxruntime", error="unsupported op"),
+    ]
+    choice = choose(candidates, reference=0.99, max_drop=0.01, size_limit_bytes=1000)
+    assert choice.chosen is not None and choice.chosen.name == "int8"
+    reasons = {c.name: c.rejected for c in choice.rejected}
+    assert "below the budget floor 0.9800" in reasons["int8-aggressive"]
+    assert reasons["fp32"].startswith("slower: 2.000 ms median vs 1.000 ms for int8 (2.00x)")
+    assert reasons["fp16"] == "failed: unsupported op"
+
+
+def test_choose_refuses_everything_over_the_size_limit() -> None:
+    candidates = [Candidate("fp32", "fp32", "onnxruntime", 5000, accuracy=0.99, latency_ms=1.0)]
+    choice = choose(candidates, reference=0.99, max_drop=0.01, size_limit_bytes=1000)
+    assert choice.chosen is None and "over the profile's limit" in (choice.rejected[0].rejected or "")
+
+
+def test_an_impossible_budget_still_ships_fp32_when_it_is_the_reference(
+    tmp_path: Path, signing_key: SigningKey
+) -> None:
+    results = convert(
+        ConvertRequest(
+            model=DIGITS / "digits_cnn.onnx", profiles=[get_profile("intel-x86-vnni")], calib=DIGITS / "calib.npz",
+            eval=DIGITS / "eval.npz", out=tmp_path, key=signing_key, name="digits", version="2", max_drop=0.0,
+        )
+    )  # fmt: skip
+    (result,) = results
+    assert result.recipe == "fp32" and result.accuracy == result.reference_accuracy
+
+
+def _request(tmp_path: Path, key: SigningKey, **changes: object) -> ConvertRequest:
+    fields: dict = dict(
+        model=DIGITS / "digits_cnn.onnx", profiles=[get_profile("generic-x86-64")], calib=DIGITS / "calib.npz",
+        eval=DIGITS / "eval.npz", out=tmp_path / "out", key=key, name="digits", version="1",
+    )  # fmt: skip
+    fields.update(changes)
+    return ConvertRequest(**fields)
+
+
+def test_a_file_that_is_not_onnx_is_refused_and_nothing_is_written(tmp_path: Path, signing_key: SigningKey) -> None:
+    bogus = tmp_path / "model.onnx"
+    bogus.write_bytes(b"\x00\x01garbage" * 50)
+    with pytest.raises(ModelError, match="is not an ONNX model"):
+        convert(_request(tmp_path, signing_key, model=bogus))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_truncated_model_is_refused(tmp_path: Path, signing_key: SigningKey) -> None:
+    truncated = tmp_path / "cut.onnx"
+    truncated.write_bytes((DIGITS / "digits_cnn.onnx").read_bytes()[:5000])
+    with pytest.raises(ModelError):
+        load_model(truncated)
+
+
+def test_calibration_data_without_the_model_input_is_refused(tmp_path: Path, signing_key: SigningKey) -> None:
+    import numpy as np
+
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, pixels=np.zeros((4, 1, 1, 8, 8), np.float32))
+    with pytest.raises(DataError, match=r"lacks model input\(s\) \['input'\]"):
+        convert(_request(tmp_path, signing_key, calib=calib))
+    assert not (tmp_path / "out").exists()
+
+
+def test_op_counts_include_every_node() -> None:
+    counts = count_ops(load_model(DIGITS / "digits_cnn.onnx").proto)
+    assert counts["Conv"] == 3 and counts["Relu"] == 3 and counts["Gemm"] == 1
