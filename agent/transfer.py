@@ -24,6 +24,8 @@ from edgefleet.core.topics import Topics
 
 log = logging.getLogger(__name__)
 
+MAX_CORRUPT_PER_BLOCK = 3
+
 
 class TransferError(EdgefleetError):
     """The bundle could not be fetched (stalled, corrupt, or no space)."""
@@ -95,6 +97,7 @@ class BlockDownload:
         missing = [i for i in range(total) if not record[i]]
         self.progress(total - len(missing), total)
         requested: dict[int, str] = {}
+        strikes: dict[int, int] = {}  # corrupt deliveries per block
         stalls = 0
         try:
             with self.part_path.open("r+b") as part, self.record_path.open("r+b") as rec:
@@ -121,11 +124,15 @@ class BlockDownload:
                     self.bytes_received += len(payload)
                     if not self._block_ok(index, payload):
                         self.corrupt_blocks += 1
+                        strikes[index] = strikes.get(index, 0) + 1
+                        if strikes[index] >= MAX_CORRUPT_PER_BLOCK:
+                            raise TransferError(
+                                f"block {index} failed its sha256 {strikes[index]} times; the published bundle "
+                                "is corrupt"
+                            )
                         log.warning("block %d of %s is corrupt; requesting it again", index, self.offer.bundle_id)
                         self.conn.unsubscribe(requested.pop(index))
                         missing.insert(0, index)
-                        if self.corrupt_blocks > 3 * total:
-                            raise TransferError("the broker keeps delivering corrupt blocks")
                         time.sleep(0.2)
                         continue
                     self._write_block(part, rec, index, payload)

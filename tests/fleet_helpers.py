@@ -12,8 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from edgefleet.control.publish import deploy, publish_bundle
+from edgefleet.core.bundle import pack_bundle, unpack_bundle
 from edgefleet.core.messages import DeviceStatus, Event, Telemetry, decode
 from edgefleet.core.mqtt import Connection
+from edgefleet.core.signing import SigningKey, TrustedKeys
 from edgefleet.core.topics import Topics
 
 T = TypeVar("T")
@@ -133,3 +136,33 @@ class FleetWatcher:
             return None
 
         return self.wait_for(f"{device_id} event {kind}", check, timeout)
+
+
+def derive_bundle(source: Path, out_dir: Path, key: SigningKey, trusted: TrustedKeys, **changes: object) -> Path:
+    """A copy of `source` with manifest fields changed (e.g. model_version, profile), re-signed by `key`.
+
+    Stands in for a second conversion run: the files stay the same, the manifest says what the test needs.
+    """
+    unpacked = out_dir / f"unpacked-{len(list(out_dir.glob('unpacked-*')))}"
+    manifest = unpack_bundle(source, unpacked, trusted)
+    suffix = "-".join(f"{v}" for v in changes.values())
+    updated = manifest.model_copy(update={**changes, "bundle_id": f"{manifest.bundle_id}-{suffix}"})
+    sources = {entry.path: unpacked / entry.path for entry in manifest.files}
+    path = out_dir / f"{updated.bundle_id}.bundle"
+    pack_bundle(path, updated, sources, key)
+    return path
+
+
+def deploy_to(
+    conn: Connection,
+    topics: Topics,
+    bundle: Path,
+    *,
+    devices: tuple[str, ...] = (),
+    groups: tuple[str, ...] = (),
+    rollback: bool = False,
+    block_size: int = 16 * 1024,
+) -> str:
+    manifest, _ = publish_bundle(conn, topics, bundle, block_size=block_size)
+    deploy(conn, topics, manifest, devices=list(devices), groups=list(groups), rollback=rollback)
+    return manifest.bundle_id
