@@ -28,6 +28,11 @@ class AgentConfig(BaseModel):
     offer_timeout_s: float = Field(default=30.0, gt=0)
     retry_delay_s: float = Field(default=10.0, gt=0)
     min_free_bytes: int = Field(default=16 * 2**20, ge=0, description="disk kept free beyond a download")
+    spool_max_records: int = Field(default=10_000, ge=10, description="telemetry/events kept while offline")
+    health_interval_s: float = Field(default=30.0, gt=0, description="how often the committed bundle is re-checked")
+    rollback_on_failure: bool = Field(default=True, description="roll back when the committed bundle turns bad")
+    max_failure_ratio: float = Field(default=0.5, gt=0, le=1, description="runtime failures tolerated per window")
+    failure_window: int = Field(default=20, ge=1, description="requests per failure-ratio window")
 
     @field_validator("device_id")
     @classmethod

@@ -21,11 +21,14 @@ import psutil
 
 from edgefleet import __version__
 from edgefleet.agent.config import AgentConfig
+from edgefleet.agent.health import HealthVerdict, judge_health
 from edgefleet.agent.installer import InstallContext, Refused, install, load_installed
 from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.spool import Spool
 from edgefleet.agent.store import Store
 from edgefleet.agent.telemetry import RequestStats, ResourceSampler
 from edgefleet.agent.transfer import TransferError
+from edgefleet.core.bundle import verify_files
 from edgefleet.core.errors import BrokerError, BundleError, DataError, EdgefleetError
 from edgefleet.core.messages import (
     Desired,
@@ -63,7 +66,8 @@ class Agent:
         self.resources = ResourceSampler()
         self._device_desired: Desired | None = None
         self._group_desired: dict[str, Desired] = {}
-        self._refused: set[tuple[str, float]] = set()  # (bundle id, issued_at) we gave up on
+        self.spool = Spool(config.state_dir / "outbox.sqlite", config.spool_max_records)
+        self._spool_ready = threading.Event()
         self._work: queue.Queue[str] = queue.Queue()
         self._requests: queue.Queue[bytes] = queue.Queue(maxsize=256)
         self._stop = threading.Event()
@@ -101,6 +105,8 @@ class Agent:
             threading.Thread(target=self._install_loop, name="install", daemon=True),
             threading.Thread(target=self._inference_loop, name="inference", daemon=True),
             threading.Thread(target=self._telemetry_loop, name="telemetry", daemon=True),
+            threading.Thread(target=self._flush_loop, name="spool-flush", daemon=True),
+            threading.Thread(target=self._health_loop, name="health", daemon=True),
         ]
         for thread in threads:
             thread.start()
@@ -109,9 +115,11 @@ class Agent:
             with contextlib.suppress(BrokerError):  # going down anyway; the last will covers us
                 self._publish_status(online=False, state="offline", wait=2.0)
         self.conn.stop()
+        self.spool.close()
 
     def stop(self) -> None:
         self._stop.set()
+        self._spool_ready.set()
         self._work.put("stop")
 
     def _restore(self) -> None:
@@ -134,6 +142,7 @@ class Agent:
     # --- MQTT callbacks (network thread: decode and enqueue only)
     def _on_connected(self) -> None:
         self._publish_status()
+        self._spool_ready.set()
         self._work.put("reconcile")
 
     def _on_device_desired(self, topic: str, payload: bytes, retained: bool) -> None:
@@ -195,8 +204,8 @@ class Agent:
         desired = self._effective_desired()
         if desired is None or (self.model is not None and desired.bundle_id == self.model.bundle_id):
             return
-        key = (desired.bundle_id, desired.issued_at)
-        if key in self._refused:
+        key = f"{desired.bundle_id}@{desired.issued_at}"
+        if key in self.store.load_state().refused:
             return
         bundle_id = desired.bundle_id
         self._event("desired", f"{desired.model_name} {desired.model_version} ({bundle_id})", bundle_id=bundle_id)
@@ -226,13 +235,14 @@ class Agent:
             self._retry_later()
             return
         except (Refused, BundleError) as err:
-            self._refused.add(key)
+            self.store.remember_refusal(key)
             kind: EventKind = "rolled-back" if self.model is not None else "refused"
             self._fail(bundle_id, kind, str(err))
             return
         self.store.commit(bundle_id, model.manifest.model_name, model.manifest.model_version)
         model.bundle_dir = self.store.bundle_dir(bundle_id)
         previous, self.model = self.model, model  # hot swap: the old model served until this line
+        self.stats.reset_health()
         self.last_error = None
         self._set_state("serving")
         detail = f"now serving on {model.provider}" + (f" (was {previous.bundle_id})" if previous else "")
@@ -284,7 +294,7 @@ class Agent:
             self.stats.record_error()
             return InferResponse(request_id=request.request_id, ok=False, error=str(err), bundle_id=model.bundle_id)
         except Exception as err:  # a runtime failure answers the caller instead of killing the worker
-            self.stats.record_error()
+            self.stats.record_failure()
             return InferResponse(
                 request_id=request.request_id, ok=False, error=f"inference failed: {err}", bundle_id=model.bundle_id
             )
@@ -324,9 +334,94 @@ class Agent:
             cpu_percent=self.resources.cpu_percent(),
             rss_mb=self.resources.rss_mb(),
             temperature_c=self.resources.temperature_c(),
+            spool_depth=self.spool.depth(),
+            spool_dropped=self.spool.dropped(),
+            seq=self.spool.next_sequence(),
         )
-        if self.conn.connected:
-            self.conn.publish(self.topics.telemetry(self.config.device_id), message.encode(), qos=1)
+        self._enqueue(self.topics.telemetry(self.config.device_id), message.encode())
+
+    def _enqueue(self, topic: str, payload: bytes) -> None:
+        self.spool.put(topic, payload)
+        self._spool_ready.set()
+
+    def _flush_loop(self) -> None:
+        """Publish spooled reports in order; delete each only once the broker acknowledged it."""
+        while not self._stop.is_set():
+            self._spool_ready.wait(5.0)
+            self._spool_ready.clear()
+            while self.conn.connected and not self._stop.is_set():
+                batch = self.spool.next_batch()
+                if not batch:
+                    break
+                acked = []
+                for record in batch:
+                    try:
+                        self.conn.publish(record.topic, record.payload, qos=1, wait=10.0)
+                    except (BrokerError, ValueError) as err:
+                        log.info("spool flush paused: %s", err)
+                        break
+                    acked.append(record.rowid)
+                self.spool.ack(acked)
+                if len(acked) < len(batch):
+                    self._stop.wait(1.0)  # the link is flaky: back off, then retry in order
+                    break
+
+    # --- health after commit
+    def _health_loop(self) -> None:
+        while not self._stop.wait(self.config.health_interval_s):
+            try:
+                self._check_health()
+            except Exception:  # health checks must never take the agent down
+                log.exception("health check failed")
+
+    def _check_health(self) -> None:
+        model = self.model
+        if model is None:
+            return
+        try:
+            verify_files(model.bundle_dir, model.manifest)
+            files_ok, files_reason = True, ""
+        except BundleError as err:
+            files_ok, files_reason = False, str(err)
+        golden = model.check_golden(warmup=0)
+        ratio, seen = self.stats.failure_ratio(self.config.failure_window)
+        verdict = judge_health(
+            files_ok=files_ok,
+            files_reason=files_reason,
+            golden=golden,
+            failure_ratio=ratio,
+            requests_seen=seen,
+            max_failure_ratio=self.config.max_failure_ratio,
+            min_requests=self.config.failure_window,
+        )
+        if not verdict.healthy:
+            self._on_unhealthy(model, verdict)
+
+    def _on_unhealthy(self, model: LoadedModel, verdict: HealthVerdict) -> None:
+        bundle_id = model.bundle_id
+        self._event("health-failed", verdict.reason, bundle_id=bundle_id)
+        self.last_error = f"{bundle_id}: {verdict.reason}"
+        if not self.config.rollback_on_failure:
+            self._publish_status()
+            return
+        state = self.store.load_state()
+        for previous in state.history:
+            try:
+                restored = load_installed(self.store, previous, self.trusted, self.config.threads)
+            except EdgefleetError as err:
+                log.warning("previous bundle %s is not usable either: %s", previous, err)
+                continue
+            desired = self._effective_desired()
+            if desired is not None and desired.bundle_id == bundle_id:
+                self.store.remember_refusal(f"{desired.bundle_id}@{desired.issued_at}")
+            self.store.commit(previous, restored.manifest.model_name, restored.manifest.model_version)
+            self.model = restored
+            self.stats.reset_health()
+            self._event("rolled-back", f"{verdict.reason}; now serving {previous}", bundle_id=bundle_id)
+            self._publish_status()
+            return
+        log.error("bundle %s is unhealthy and there is nothing to roll back to", bundle_id)
+        self._publish_status()
 
     # --- status and events
     def _set_state(self, state: DeviceState) -> None:
@@ -361,10 +456,12 @@ class Agent:
     def _event(
         self, kind: EventKind, detail: str, *, bundle_id: str | None = None, progress: float | None = None
     ) -> None:
-        event = Event(device_id=self.config.device_id, kind=kind, bundle_id=bundle_id, detail=detail, progress=progress)
+        event = Event(
+            device_id=self.config.device_id, kind=kind, bundle_id=bundle_id, detail=detail, progress=progress,
+            seq=self.spool.next_sequence(),
+        )  # fmt: skip
         log.info("event %s %s: %s", kind, bundle_id or "", detail)
-        if self.conn.connected:
-            self.conn.publish(self.topics.events(self.config.device_id), event.encode(), qos=1)
+        self._enqueue(self.topics.events(self.config.device_id), event.encode())
 
 
 def _hardware() -> Hardware:

@@ -29,6 +29,9 @@ class AgentState(BaseModel):
     committed: str | None = None
     history: list[str] = Field(default_factory=list, description="previously committed ids, newest first")
     versions: dict[str, str] = Field(default_factory=dict, description="model name -> highest version installed")
+    refused: list[str] = Field(
+        default_factory=list, description="'bundle@issued_at' this device gave up on; a new deploy retries"
+    )
 
 
 def fsync_dir(path: Path) -> None:
@@ -111,10 +114,17 @@ class Store:
         history = [b for b in ([state.committed] if state.committed else []) + state.history if b != bundle_id]
         versions = dict(state.versions)
         versions[model_name] = model_version
-        state = AgentState(committed=bundle_id, history=history[: self.keep_previous], versions=versions)
+        state = AgentState(
+            committed=bundle_id, history=history[: self.keep_previous], versions=versions, refused=state.refused
+        )
         self.save_state(state)
         self._prune(state)
         return state
+
+    def remember_refusal(self, key: str, keep: int = 100) -> None:
+        state = self.load_state()
+        if key not in state.refused:
+            self.save_state(state.model_copy(update={"refused": [*state.refused, key][-keep:]}))
 
     def _prune(self, state: AgentState) -> None:
         keep = {state.committed, *state.history}

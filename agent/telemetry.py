@@ -18,6 +18,7 @@ class RequestStats:
     def __init__(self, window: int = 4096) -> None:
         self._lock = threading.Lock()
         self._latencies: deque[float] = deque(maxlen=window)
+        self._outcomes: deque[bool] = deque(maxlen=window)  # True: answered, False: runtime failure
         self._requests = 0
         self._errors = 0
         self._since = time.monotonic()
@@ -26,10 +27,31 @@ class RequestStats:
         with self._lock:
             self._latencies.append(latency_ms)
             self._requests += 1
+            self._outcomes.append(True)
 
     def record_error(self) -> None:
+        """A refused request (bad input, full queue): the caller's fault, not the model's."""
         with self._lock:
             self._errors += 1
+
+    def record_failure(self) -> None:
+        """The runtime failed on valid input: counts against the model's health."""
+        with self._lock:
+            self._errors += 1
+            self._outcomes.append(False)
+
+    def reset_health(self) -> None:
+        """A new model starts with a clean record."""
+        with self._lock:
+            self._outcomes.clear()
+
+    def failure_ratio(self, window: int) -> tuple[float, int]:
+        """Share of runtime failures among the last `window` valid requests, and how many there were."""
+        with self._lock:
+            recent = list(self._outcomes)[-window:]
+        if not recent:
+            return 0.0, 0
+        return recent.count(False) / len(recent), len(recent)
 
     def snapshot(self) -> tuple[LatencySummary, int, int, float]:
         """(latency over the rolling window, requests and errors since last call, seconds since last call)."""

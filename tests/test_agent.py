@@ -37,6 +37,7 @@ def test_an_agent_installs_serves_and_reports(
     bundle_id = deploy_to(host, topics, demo_bundles["intel-x86-vnni"], groups=("line-1",))
     status = watcher.serving("dev-serve", bundle_id)
     assert status.provider_in_use == "CPUExecutionProvider" and status.profile == "intel-x86-vnni"
+    watcher.event("dev-serve", "committed", bundle_id=bundle_id)  # events travel through the spool
     kinds = [e.kind for e in watcher.events if e.device_id == "dev-serve"]
     for expected in ("desired", "verified", "download-started", "downloaded", "installed", "committed"):
         assert expected in kinds
@@ -157,3 +158,26 @@ def test_after_kill_9_the_agent_restarts_on_its_committed_bundle_without_downloa
 def test_wire_tensors_round_trip() -> None:
     array = np.arange(12, dtype=np.float32).reshape(3, 4)
     assert np.array_equal(WireTensor.of(array).to_array(), array)
+
+
+def test_a_committed_bundle_whose_files_change_on_disk_is_rolled_back(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
+    tmp_path: Path, signing_key: SigningKey, trusted: TrustedKeys,
+) -> None:  # fmt: skip
+    v1 = demo_bundles["intel-x86-vnni"]
+    v2 = derive_bundle(v1, tmp_path, signing_key, trusted, model_version="3")
+    agent = start_agent("dev-health", extra=("--health-interval", "0.5"))
+    v1_id = deploy_to(host, topics, v1, devices=("dev-health",))
+    watcher.serving("dev-health", v1_id)
+    v2_id = deploy_to(host, topics, v2, devices=("dev-health",))
+    watcher.serving("dev-health", v2_id)
+
+    model_file = agent.state_dir / "bundles" / v2_id / "model" / "model.onnx"
+    model_file.write_bytes(model_file.read_bytes()[:-10])  # bit rot on the device's disk
+    failed = watcher.event("dev-health", "health-failed", bundle_id=v2_id)
+    assert "installed file model/model.onnx is missing or modified" in failed.detail
+    watcher.event("dev-health", "rolled-back", bundle_id=v2_id)
+    status = watcher.serving("dev-health", v1_id)
+    assert v2_id in (status.last_error or "")
+    time.sleep(1.5)
+    assert watcher.status["dev-health"].active_bundle == v1_id, "the desired v2 is not re-installed in a loop"

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from edgefleet.agent.config import AgentConfig
+from edgefleet.core.errors import UserInputError
 from edgefleet.core.topics import DEFAULT_PREFIX
 
 
@@ -27,18 +32,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--protocol", choices=["auto", "3.1.1", "5"], default="auto")
     parser.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between telemetry reports")
     parser.add_argument("--threads", type=int, default=0, help="inference threads (0: runtime default)")
+    parser.add_argument("--health-interval", type=float, default=30.0, help="seconds between health checks")
+    parser.add_argument("--no-rollback", action="store_true", help="report an unhealthy bundle but keep it")
+    parser.add_argument("--spool-max", type=int, default=10_000, help="telemetry/events kept while offline")
     parser.set_defaults(func=cmd_agent)
 
 
 def cmd_agent(args: argparse.Namespace) -> None:
-    import logging
-
-    from edgefleet.agent.config import AgentConfig
     from edgefleet.agent.daemon import Agent
 
     if args.verbose == 0:
         logging.getLogger().setLevel(logging.INFO)  # a daemon's log is its record of what it refused
-    config = AgentConfig(
+    try:
+        config = _config(args)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise UserInputError(f"invalid agent option {'.'.join(map(str, first['loc']))}: {first['msg']}") from err
+    agent = Agent(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stop())
+    agent.run()
+
+
+def _config(args: argparse.Namespace) -> AgentConfig:
+    return AgentConfig(
         broker=args.broker,
         device_id=args.device_id,
         state_dir=args.state_dir,
@@ -49,8 +66,7 @@ def cmd_agent(args: argparse.Namespace) -> None:
         protocol=args.protocol,
         telemetry_interval_s=args.telemetry_interval,
         threads=args.threads,
+        health_interval_s=args.health_interval,
+        rollback_on_failure=not args.no_rollback,
+        spool_max_records=args.spool_max,
     )
-    agent = Agent(config)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: agent.stop())
-    agent.run()

@@ -85,6 +85,7 @@ class LatencySummary(Message):
 
 class Telemetry(Message):
     device_id: str
+    seq: int = Field(default=0, ge=0, description="per-device sequence shared with events; gaps mean loss")
     ts: float = Field(default_factory=now)
     bundle_id: str | None
     provider: str | None
@@ -98,6 +99,8 @@ class Telemetry(Message):
     cpu_percent: float
     rss_mb: float
     temperature_c: float | None = None
+    spool_depth: int = Field(default=0, description="reports waiting on the device for the broker")
+    spool_dropped: int = Field(default=0, description="reports dropped (oldest first) since the device started")
 
 
 EventKind = Literal[
@@ -110,6 +113,7 @@ EventKind = Literal[
     "committed",
     "rolled-back",
     "refused",
+    "health-failed",
     "error",
 ]
 
@@ -117,6 +121,7 @@ EventKind = Literal[
 class Event(Message):
     device_id: str
     kind: EventKind
+    seq: int = Field(default=0, ge=0)
     ts: float = Field(default_factory=now)
     bundle_id: str | None = None
     detail: str = ""

@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edgefleet.core.errors import BrokerError, UserInputError
@@ -71,9 +73,15 @@ _PROTOCOL_CACHE: dict[BrokerAddress, paho.MQTTProtocolVersion] = {}
 
 
 def _new_client(
-    client_id: str, protocol: paho.MQTTProtocolVersion, tls: TlsFiles | None, address: BrokerAddress
+    client_id: str,
+    protocol: paho.MQTTProtocolVersion,
+    tls: TlsFiles | None,
+    address: BrokerAddress,
+    persistent: bool = False,
 ) -> paho.Client:
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+    # clean_session is a 3.1.1 notion; MQTT 5 says it with clean_start and a session expiry at connect.
+    clean = None if protocol == paho.MQTTv5 else not persistent
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=clean)
     if address.tls:
         client.tls_set(
             ca_certs=tls.ca if tls else None,
@@ -138,11 +146,15 @@ class Connection:
         tls: TlsFiles | None = None,
         keepalive: int = 30,
         on_connected: Callable[[], None] | None = None,
+        session_expiry_s: int = 0,
     ) -> None:
+        """`session_expiry_s` > 0 asks the broker to keep this client's subscriptions and queue its QoS 1
+        messages while it is away (a persistent session), so a subscriber that reconnects misses nothing."""
         self.address = BrokerAddress.parse(url)
         self.client_id = client_id
         self._protocol_choice, self._tls, self._will, self._keepalive = protocol, tls, will, keepalive
         self._on_connected = on_connected
+        self._session_expiry_s = session_expiry_s
         self._subscriptions: dict[str, tuple[int, Handler]] = {}
         self._lock = threading.Lock()
         self._connected = threading.Event()
@@ -158,7 +170,14 @@ class Connection:
             self.protocol = paho.MQTTv5
         elif self._protocol_choice == "auto":
             self.protocol = negotiate_protocol(self.address, self._tls)
-        client = _new_client(self.client_id, self.protocol, self._tls, self.address)
+        persistent = self._session_expiry_s > 0
+        client = _new_client(self.client_id, self.protocol, self._tls, self.address, persistent)
+        connect_options: dict[str, Any] = {}
+        if self.protocol == paho.MQTTv5:
+            properties = Properties(PacketTypes.CONNECT)
+            if persistent:
+                properties.SessionExpiryInterval = self._session_expiry_s
+            connect_options = {"clean_start": not persistent, "properties": properties}
         if self._will is not None:
             client.will_set(self._will.topic, self._will.payload, self._will.qos, self._will.retain)
         client.on_connect = self._handle_connect
@@ -167,9 +186,9 @@ class Connection:
         self._client = client
         try:
             if wait is None:  # a daemon: keep retrying in the background, even the first connection
-                client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive)
+                client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive, **connect_options)
             else:  # a command: a refused or unresolvable broker is an immediate, clear error
-                client.connect(self.address.host, self.address.port, keepalive=self._keepalive)
+                client.connect(self.address.host, self.address.port, keepalive=self._keepalive, **connect_options)
         except (OSError, ValueError) as err:
             raise BrokerError(f"cannot connect to the MQTT broker at {self.address}: {err}") from err
         client.loop_start()
