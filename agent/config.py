@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edgefleet.core.mqtt import Protocol
+from edgefleet.core.mqtt import Protocol, TlsFiles
 from edgefleet.core.topics import DEFAULT_PREFIX, check_segment
 
 
@@ -20,6 +20,9 @@ class AgentConfig(BaseModel):
     groups: list[str] = Field(default_factory=list)
     trust: list[Path] = Field(default_factory=list, description="public keys (files or directories) to trust")
     prefix: str = DEFAULT_PREFIX
+    tls_ca: Path | None = Field(default=None, description="CA certificate of the broker (mqtts://)")
+    tls_cert: Path | None = Field(default=None, description="this device's client certificate (CN = device id)")
+    tls_key: Path | None = Field(default=None, description="the client certificate's private key")
     protocol: Protocol = "auto"
     telemetry_interval_s: float = Field(default=5.0, gt=0)
     threads: int = Field(default=0, ge=0, description="inference threads; 0 lets the runtime decide")
@@ -43,6 +46,16 @@ class AgentConfig(BaseModel):
     @classmethod
     def _groups(cls, value: list[str]) -> list[str]:
         return [check_segment("group", g) for g in value]
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        if self.tls_ca is None:
+            return None
+        return TlsFiles(
+            ca=str(self.tls_ca),
+            cert=str(self.tls_cert) if self.tls_cert else None,
+            key=str(self.tls_key) if self.tls_key else None,
+        )
 
     @property
     def trusted_paths(self) -> list[Path]:

@@ -14,12 +14,12 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import onnxruntime as ort
 import psutil
 
 from edgefleet import __version__
+from edgefleet.agent import watchdog
 from edgefleet.agent.config import AgentConfig
 from edgefleet.agent.health import HealthVerdict, judge_health
 from edgefleet.agent.installer import InstallContext, Refused, install, load_installed
@@ -68,6 +68,7 @@ class Agent:
         self._group_desired: dict[str, Desired] = {}
         self.spool = Spool(config.state_dir / "outbox.sqlite", config.spool_max_records)
         self._spool_ready = threading.Event()
+        self._inference_beat = time.monotonic()
         self._work: queue.Queue[str] = queue.Queue()
         self._requests: queue.Queue[bytes] = queue.Queue(maxsize=256)
         self._stop = threading.Event()
@@ -85,6 +86,7 @@ class Agent:
             f"edgefleet-agent-{config.device_id}",
             protocol=config.protocol,
             will=Will(self.topics.status(config.device_id), offline.encode()),
+            tls=config.tls,
             on_connected=self._on_connected,
         )
 
@@ -110,12 +112,26 @@ class Agent:
         ]
         for thread in threads:
             thread.start()
-        self._stop.wait()
+        # Ready once serving locally: waiting for the broker would turn a broker outage into a restart loop.
+        watchdog.ready(self.state)
+        self._supervise(threads)
+        watchdog.stopping()
         if self.conn.connected:
             with contextlib.suppress(BrokerError):  # going down anyway; the last will covers us
                 self._publish_status(online=False, state="offline", wait=2.0)
         self.conn.stop()
         self.spool.close()
+
+    def _supervise(self, threads: list[threading.Thread]) -> None:
+        """Until stopped: ping systemd's watchdog while every worker is alive and inference keeps turning."""
+        limit = watchdog.watchdog_interval()
+        while not self._stop.wait(limit / 2 if limit else 5.0):
+            dead = [t.name for t in threads if not t.is_alive()]
+            stuck = time.monotonic() - self._inference_beat > 10
+            if dead or stuck:
+                log.error("not pinging the watchdog: dead threads %s, inference stuck %s", dead, stuck)
+                continue
+            watchdog.ping()
 
     def stop(self) -> None:
         self._stop.set()
@@ -262,6 +278,7 @@ class Agent:
     # --- inference worker
     def _inference_loop(self) -> None:
         while not self._stop.is_set():
+            self._inference_beat = time.monotonic()
             try:
                 payload = self._requests.get(timeout=0.5)
             except queue.Empty:
@@ -426,6 +443,7 @@ class Agent:
     # --- status and events
     def _set_state(self, state: DeviceState) -> None:
         self.state = state
+        watchdog.status(state)
         self._publish_status()
 
     def _publish_status(
@@ -474,11 +492,4 @@ def _hardware() -> Hardware:
     )
 
 
-def run_agent(config: AgentConfig, install_signal_handlers: Callable[[Agent], None] | None = None) -> None:
-    agent = Agent(config)
-    if install_signal_handlers is not None:
-        install_signal_handlers(agent)
-    agent.run()
-
-
-__all__ = ["Agent", "run_agent"]
+__all__ = ["Agent"]

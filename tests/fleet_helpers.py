@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from edgefleet.control.publish import deploy, publish_bundle
-from edgefleet.core.bundle import pack_bundle, unpack_bundle
+from edgefleet.core.bundle import describe_files, pack_bundle, unpack_bundle
 from edgefleet.core.messages import DeviceStatus, Event, Telemetry, decode
 from edgefleet.core.mqtt import Connection
 from edgefleet.core.signing import SigningKey, TrustedKeys
@@ -36,8 +36,9 @@ class AgentProcess:
         groups: tuple[str, ...] = (),
         telemetry_interval: float = 1.0,
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
-        self.device_id, self.state_dir = device_id, state_dir
+        self.device_id, self.state_dir, self.extra_env = device_id, state_dir, env or {}
         self.cmd = [
             sys.executable, "-m", "edgefleet", "agent", "--broker", broker, "--device-id", device_id,
             "--state-dir", str(state_dir), "--profile", profile, "--trust", str(trust),
@@ -51,7 +52,7 @@ class AgentProcess:
     def start(self) -> AgentProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
 
@@ -166,3 +167,29 @@ def deploy_to(
     manifest, _ = publish_bundle(conn, topics, bundle, block_size=block_size)
     deploy(conn, topics, manifest, devices=list(devices), groups=list(groups), rollback=rollback)
     return manifest.bundle_id
+
+
+def padded_bundle(
+    source: Path, out_dir: Path, key: SigningKey, trusted: TrustedKeys, *, version: str, pad_bytes: int, seed: int = 0
+) -> Path:
+    """A re-signed copy of `source` carrying an extra pinned file of random bytes: a bundle big enough
+    that a transfer takes long enough to be interrupted at random points."""
+    import numpy as np
+
+    unpacked = out_dir / f"padded-src-{version}"
+    manifest = unpack_bundle(source, unpacked, trusted)
+    padding = unpacked / "extra" / "padding.bin"
+    padding.parent.mkdir(parents=True, exist_ok=True)
+    padding.write_bytes(np.random.default_rng(seed).bytes(pad_bytes))
+    sources = {entry.path: unpacked / entry.path for entry in manifest.files}
+    sources["extra/padding.bin"] = padding
+    updated = manifest.model_copy(
+        update={
+            "model_version": version,
+            "bundle_id": f"{manifest.bundle_id}-v{version}",
+            "files": describe_files(sources),
+        }
+    )
+    path = out_dir / f"{updated.bundle_id}.bundle"
+    pack_bundle(path, updated, sources, key)
+    return path

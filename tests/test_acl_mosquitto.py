@@ -312,7 +312,7 @@ def test_mqtt5_reports_forbidden_publish(tls_broker: TlsBroker) -> None:
         with done:
             assert done.wait_for(lambda: {forbidden, allowed} <= acks.keys(), WAIT), acks
         assert acks[forbidden].value == 0x87, acks[forbidden].getName()
-        assert acks[allowed].value == 0x00, acks[allowed].getName()
+        assert not acks[allowed].is_failure, acks[allowed].getName()  # 0x10 "No matching subscribers" is success
     finally:
         client.disconnect()
         client.loop_stop()

@@ -181,3 +181,17 @@ def test_a_committed_bundle_whose_files_change_on_disk_is_rolled_back(
     assert v2_id in (status.last_error or "")
     time.sleep(1.5)
     assert watcher.status["dev-health"].active_bundle == v1_id, "the desired v2 is not re-installed in a loop"
+
+
+def test_under_systemd_the_agent_says_ready_and_pings_the_watchdog(start_agent: StartAgent, tmp_path: Path) -> None:
+    import socket
+
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.settimeout(20)
+        start_agent("dev-systemd", env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
+        seen: set[str] = set()
+        while not {"READY=1", "WATCHDOG=1"} <= seen:
+            seen.update(sock.recv(4096).decode().splitlines())
+    assert "STATUS=idle" in seen or any(line.startswith("STATUS=") for line in seen)

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from edgefleet.agent.config import AgentConfig
+from edgefleet.cli.common import add_tls
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.topics import DEFAULT_PREFIX
 
@@ -32,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--protocol", choices=["auto", "3.1.1", "5"], default="auto")
     parser.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between telemetry reports")
     parser.add_argument("--threads", type=int, default=0, help="inference threads (0: runtime default)")
+    add_tls(parser)
     parser.add_argument("--health-interval", type=float, default=30.0, help="seconds between health checks")
     parser.add_argument("--no-rollback", action="store_true", help="report an unhealthy bundle but keep it")
     parser.add_argument("--spool-max", type=int, default=10_000, help="telemetry/events kept while offline")
@@ -69,4 +71,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         health_interval_s=args.health_interval,
         rollback_on_failure=not args.no_rollback,
         spool_max_records=args.spool_max,
+        tls_ca=args.ca,
+        tls_cert=args.cert,
+        tls_key=args.key,
     )

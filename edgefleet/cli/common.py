@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from edgefleet.core.mqtt import Connection
+from edgefleet.core.mqtt import Connection, TlsFiles
 from edgefleet.core.topics import DEFAULT_PREFIX, Topics
 
 
@@ -42,10 +42,24 @@ def add_broker(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="MQTT protocol; auto uses 5 when the broker has it",
     )
+    add_tls(parser)
+
+
+def add_tls(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--ca", type=Path, default=env("EDGEFLEET_TLS_CA"), help="broker CA certificate (mqtts://)")
+    parser.add_argument("--cert", type=Path, default=env("EDGEFLEET_TLS_CERT"), help="client certificate")
+    parser.add_argument("--key", type=Path, default=env("EDGEFLEET_TLS_KEY"), help="client certificate's key")
+
+
+def tls_files(args: argparse.Namespace) -> TlsFiles | None:
+    if args.ca is None:
+        return None
+    return TlsFiles(str(args.ca), str(args.cert) if args.cert else None, str(args.key) if args.key else None)
 
 
 def connect(args: argparse.Namespace, role: str) -> tuple[Connection, Topics]:
-    conn = Connection(args.broker, f"edgefleet-{role}-{os.getpid()}", protocol=args.protocol)
+    conn = Connection(args.broker, f"edgefleet-{role}-{os.getpid()}", protocol=args.protocol, tls=tls_files(args))
     conn.start(wait=10.0)
     return conn, Topics(args.prefix)
 

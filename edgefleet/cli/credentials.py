@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_json, print_json
-from edgefleet.control.acl import HOST_IDENTITY, render_acl, write_acl
-from edgefleet.control.pki import CertFiles, certificate_cn, create_ca, create_client_cert, create_server_cert
 from edgefleet.core.errors import UserInputError
-from edgefleet.core.topics import DEFAULT_PREFIX
+from edgefleet.core.topics import DEFAULT_PREFIX, HOST_IDENTITY
+
+if TYPE_CHECKING:
+    from edgefleet.control.pki import CertFiles
+
+# Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,26 +89,36 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_ca(args: argparse.Namespace) -> None:
+    from edgefleet.control.pki import create_ca
+
     files = create_ca(args.dir, common_name=args.name, days=args.days)
     _report(args, "CA", files, "keep ca.key offline; give ca.crt to the broker and every client")
 
 
 def cmd_server(args: argparse.Namespace) -> None:
+    from edgefleet.control.pki import create_server_cert
+
     files = create_server_cert(args.dir, args.host, ca_dir=args.ca_dir, days=args.days)
     _report(args, "broker", files, "for the Mosquitto TLS listener (certfile, keyfile, cafile)")
 
 
 def cmd_device(args: argparse.Namespace) -> None:
+    from edgefleet.control.pki import create_client_cert
+
     files = create_client_cert(args.dir, args.device_id, ca_dir=args.ca_dir, days=args.days)
     _report(args, f"device {args.device_id}", files, "install on the device with ca.crt")
 
 
 def cmd_host(args: argparse.Namespace) -> None:
+    from edgefleet.control.pki import create_client_cert
+
     files = create_client_cert(args.dir, args.name, ca_dir=args.ca_dir, days=args.days)
     _report(args, f"control plane ({args.name})", files, "for host commands (publish, deploy, fleet)")
 
 
 def cmd_acl(args: argparse.Namespace) -> None:
+    from edgefleet.control.acl import render_acl, write_acl
+
     devices = parse_devices(args.device)
     assignments = parse_assignments(args.assign)
     hosts = args.host_user or [HOST_IDENTITY]
@@ -148,6 +162,8 @@ def parse_assignments(values: list[str]) -> dict[str, list[str]]:
 
 
 def _report(args: argparse.Namespace, what: str, files: CertFiles, hint: str) -> None:
+    from edgefleet.control.pki import certificate_cn
+
     if args.json:
         print_json({"cn": certificate_cn(files.cert), "cert": files.cert, "key": files.key, "ca": files.ca})
     else:

@@ -152,9 +152,12 @@ def _read_small(tar: tarfile.TarFile, name: str) -> str:
 
 def read_signed_manifest(bundle_path: Path) -> SignedManifest:
     """The manifest and its signature, unverified (for `bundle show` and for publishing)."""
-    with _open(bundle_path) as tar:
-        manifest_json = _read_small(tar, MANIFEST_NAME)
-        signature_text = _read_small(tar, SIGNATURE_NAME)
+    try:
+        with _open(bundle_path) as tar:
+            manifest_json = _read_small(tar, MANIFEST_NAME)
+            signature_text = _read_small(tar, SIGNATURE_NAME)
+    except (tarfile.TarError, OSError) as err:
+        raise BundleError(f"{bundle_path.name} is truncated or corrupt: {err}") from err
     return SignedManifest.from_texts(manifest_json, signature_text)
 
 
@@ -189,6 +192,17 @@ def _walk(bundle_path: Path, trusted: TrustedKeys, dest: Path | None) -> Manifes
     for rel in expected:
         _safe_relpath(rel)
     seen: set[str] = set()
+    try:
+        _check_members(bundle_path, expected, seen, dest)
+    except (tarfile.TarError, OSError) as err:
+        raise BundleError(f"{bundle_path.name} is truncated or corrupt: {err}") from err
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise BundleError(f"bundle is missing pinned files: {', '.join(missing)}")
+    return manifest
+
+
+def _check_members(bundle_path: Path, expected: dict[str, FileEntry], seen: set[str], dest: Path | None) -> None:
     with _open(bundle_path) as tar:
         for member in tar:
             if member.name in (MANIFEST_NAME, SIGNATURE_NAME):
@@ -202,10 +216,6 @@ def _walk(bundle_path: Path, trusted: TrustedKeys, dest: Path | None) -> Manifes
                 raise BundleError(f"bundle entry {member.name!r} appears twice")
             seen.add(member.name)
             _check_member(tar, member, entry, dest)
-    missing = sorted(set(expected) - seen)
-    if missing:
-        raise BundleError(f"bundle is missing pinned files: {', '.join(missing)}")
-    return manifest
 
 
 def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, entry: FileEntry, dest: Path | None) -> None:

@@ -130,6 +130,8 @@ def negotiate_protocol(
 
 
 def _matches(pattern: str, topic: str) -> bool:
+    if pattern.startswith("$share/"):  # a shared subscription delivers the topic without its share prefix
+        pattern = pattern.split("/", 2)[2] if pattern.count("/") >= 2 else pattern
     return bool(paho.topic_matches_sub(pattern, topic))
 
 
@@ -162,6 +164,7 @@ class Connection:
         self.protocol: paho.MQTTProtocolVersion = paho.MQTTv311
         self.connects = 0
         self._stopping = False
+        self._refused_publishes: dict[int, str] = {}  # mid -> reason, from MQTT 5 PUBACK reason codes
 
     # --- lifecycle
     def start(self, wait: float | None = 10.0) -> Connection:
@@ -183,6 +186,7 @@ class Connection:
         client.on_connect = self._handle_connect
         client.on_disconnect = self._handle_disconnect
         client.on_message = self._handle_unrouted
+        client.on_publish = self._handle_publish
         self._client = client
         try:
             if wait is None:  # a daemon: keep retrying in the background, even the first connection
@@ -246,6 +250,9 @@ class Connection:
                 raise BrokerError(f"publish to {topic} failed: {err}") from err
             if not info.is_published():
                 raise BrokerError(f"publish to {topic} not acknowledged within {wait:g} s")
+            refusal = self._refused_publishes.pop(info.mid, None)
+            if refusal is not None:
+                raise BrokerError(f"the broker refused the publish to {topic}: {refusal}")
         return info
 
     # --- paho callbacks (network thread)
@@ -265,6 +272,14 @@ class Connection:
                 self._on_connected()
             except Exception:
                 log.exception("on_connected hook failed")
+
+    def _handle_publish(self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode, props: Any) -> None:
+        # MQTT 5 brokers say why they refused a QoS 1 publish (e.g. 0x87 Not authorized by an ACL).
+        if reason.is_failure:
+            if len(self._refused_publishes) > 10_000:
+                self._refused_publishes.clear()
+            self._refused_publishes[mid] = reason.getName()
+            log.warning("broker refused message %d: %s", mid, reason.getName())
 
     def _handle_disconnect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "edgefleet/v1"
+# The MQTT identity (certificate CN / ACL user) of the control plane.
+HOST_IDENTITY = "edgefleet-host"
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
@@ -47,6 +49,10 @@ class Topics:
         """Retained: one block of the bundle file."""
         return f"{self.prefix}/bundles/{check_segment('bundle id', bundle_id)}/blocks/{index}"
 
+    def bundle_blocks(self, bundle_id: str) -> str:
+        """Every block of a bundle (for ACLs; devices subscribe block by block)."""
+        return f"{self.prefix}/bundles/{check_segment('bundle id', bundle_id)}/blocks/+"
+
     # --- request/response inference (remote calls into a device's model)
     def infer_request(self, device_id: str) -> str:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/infer/request"
@@ -56,6 +62,9 @@ class Topics:
             f"{self.prefix}/devices/{check_segment('device id', device_id)}"
             f"/infer/response/{check_segment('client id', client_id)}"
         )
+
+    def infer_responses(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/infer/response/+"
 
     # --- wildcards for the host
     def all_status(self) -> str:
