@@ -26,7 +26,7 @@ class AgentConfig(BaseModel):
     protocol: Protocol = "auto"
     telemetry_interval_s: float = Field(default=5.0, gt=0)
     threads: int = Field(default=0, ge=0, description="inference threads; 0 lets the runtime decide")
-    block_window: int = Field(default=8, ge=1, le=256)
+    block_window: int = Field(default=16, ge=1, le=256, description="block subscriptions in flight")
     keep_previous: int = Field(default=2, ge=0)
     offer_timeout_s: float = Field(default=30.0, gt=0)
     retry_delay_s: float = Field(default=10.0, gt=0)

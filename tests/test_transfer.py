@@ -50,6 +50,22 @@ def test_a_resumed_download_fetches_only_the_missing_blocks(
     assert resumed.run().read_bytes() == data
     missing_bytes = len(data) - sum(len(data[i * BLOCK : (i + 1) * BLOCK]) for i in held)
     assert resumed.bytes_received == missing_bytes
+    assert resumed.rejected_on_resume == 0
+
+
+def test_a_resume_rechecks_recorded_blocks_so_a_lost_write_is_fetched_again(
+    host: Connection, device: Connection, topics: Topics, demo_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """What a power cut can leave: the record claims blocks whose bytes never reached the disk."""
+    bundle = demo_bundles["generic-x86-64"]
+    _, offer = publish_bundle(host, topics, bundle, block_size=BLOCK)
+    part = tmp_path / "b.part"
+    BlockDownload(device, topics, offer, part)._open_record()
+    record = part.with_name(part.name + ".blocks")
+    record.write_bytes(b"\x01" * 3 + bytes(offer.transfer.block_count - 3))  # claimed, but all zeros on disk
+    resumed = BlockDownload(device, topics, offer, part)
+    assert resumed.run().read_bytes() == bundle.read_bytes()
+    assert resumed.rejected_on_resume == 3
 
 
 def test_a_corrupt_block_is_never_accepted(

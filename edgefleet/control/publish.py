@@ -7,22 +7,26 @@ count on every block being there.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+import paho.mqtt.client as paho
+
 from edgefleet.core.bundle import parse_manifest, read_signed_manifest
-from edgefleet.core.errors import BrokerError
+from edgefleet.core.errors import BrokerError, BundleError
 from edgefleet.core.manifest import Manifest
-from edgefleet.core.messages import BundleOffer, Desired
+from edgefleet.core.messages import BundleOffer, Desired, Transfer
 from edgefleet.core.mqtt import Connection
 from edgefleet.core.topics import Topics
-from edgefleet.core.transfer import DEFAULT_BLOCK_SIZE, describe_transfer, iter_blocks
+from edgefleet.core.transfer import DEFAULT_BLOCK_SIZE, iter_blocks
 
 log = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 60.0
-WINDOW = 32  # blocks in flight before we wait for acknowledgements: bounds host memory
+WINDOW = 64  # unacknowledged blocks in flight: bounds host memory
 
 
 def publish_bundle(
@@ -35,17 +39,27 @@ def publish_bundle(
 ) -> tuple[Manifest, BundleOffer]:
     signed = read_signed_manifest(bundle)
     # Parsing (not verifying: the host may not hold the device keys) catches a malformed manifest early.
-
     manifest = parse_manifest(signed.manifest_json)
-    transfer = describe_transfer(bundle, block_size)
-    pending = []
+    total = max(1, -(-bundle.stat().st_size // block_size))
+    whole = hashlib.sha256()
+    block_hashes: list[str] = []
+    in_flight: deque[paho.MQTTMessageInfo] = deque()
+    # One pass over the file: hash and publish each block, with at most WINDOW unacknowledged (a sliding
+    # window bounds host memory without stalling the pipe the way waiting for whole batches would).
     for index, block in enumerate(iter_blocks(bundle, block_size)):
-        pending.append(conn.publish(topics.bundle_block(manifest.bundle_id, index), block, qos=1, retain=True))
-        if len(pending) >= WINDOW:
-            _wait_all(pending)
-            pending.clear()
-        progress(index + 1, transfer.block_count)
-    _wait_all(pending)
+        whole.update(block)
+        block_hashes.append(hashlib.sha256(block).hexdigest())
+        in_flight.append(conn.publish(topics.bundle_block(manifest.bundle_id, index), block, qos=1, retain=True))
+        while len(in_flight) >= WINDOW:
+            _wait(in_flight.popleft())
+        progress(index + 1, total)
+    while in_flight:
+        _wait(in_flight.popleft())
+    if not block_hashes:
+        raise BundleError(f"{bundle} is empty")
+    transfer = Transfer(
+        size=bundle.stat().st_size, sha256=whole.hexdigest(), block_size=block_size, block_sha256=block_hashes
+    )
     offer = BundleOffer(
         bundle_id=manifest.bundle_id,
         manifest_json=signed.manifest_json,
@@ -58,11 +72,10 @@ def publish_bundle(
     return manifest, offer
 
 
-def _wait_all(infos: list) -> None:
-    for info in infos:
-        info.wait_for_publish(ACK_TIMEOUT_S)
-        if not info.is_published():
-            raise BrokerError(f"the broker did not acknowledge a block within {ACK_TIMEOUT_S:g} s")
+def _wait(info: paho.MQTTMessageInfo) -> None:
+    info.wait_for_publish(ACK_TIMEOUT_S)
+    if not info.is_published():
+        raise BrokerError(f"the broker did not acknowledge a block within {ACK_TIMEOUT_S:g} s")
 
 
 def deploy(
