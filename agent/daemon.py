@@ -236,6 +236,7 @@ class Agent:
             self.config.block_window,
             self.config.offer_timeout_s,
             self.config.min_free_bytes,
+            int(self.profile.size_limit_mb * 1e6),
         )
 
         def notify(kind: str, detail: str, progress: float | None) -> None:

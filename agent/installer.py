@@ -44,6 +44,7 @@ class InstallContext:
     block_window: int
     offer_timeout_s: float
     min_free_bytes: int
+    size_limit_bytes: int
 
 
 Notify = Callable[[str, str, float | None], None]  # (event kind, detail, progress)
@@ -88,6 +89,11 @@ def check_offer(ctx: InstallContext, offer: BundleOffer, desired: Desired, versi
         raise Refused(
             f"{manifest.model_name} version {manifest.model_version} is not newer than {running}, "
             "which this device already installed (a rollback must be marked by the host)"
+        )
+    if offer.transfer.size > ctx.size_limit_bytes:
+        raise Refused(
+            f"bundle is {offer.transfer.size / 1e6:.1f} MB; "
+            f"profile {ctx.profile} allows {ctx.size_limit_bytes / 1e6:.1f} MB"
         )
     free = shutil.disk_usage(ctx.store.root).free
     needed = 2 * offer.transfer.size + ctx.min_free_bytes  # the download and its unpacked copy

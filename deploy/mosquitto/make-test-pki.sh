@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create test credentials for a broker and N devices with `edgefleet credentials`, plus the ACL.
+# Create test credentials for a broker and N devices with `edgefleet keys`, plus the ACL.
 #
 #   deploy/mosquitto/make-test-pki.sh [OUT_DIR] [N_DEVICES] [BROKER_HOST...]
 #
@@ -26,18 +26,18 @@ if ! [[ $count =~ ^[0-9]+$ ]]; then
     exit 2
 fi
 
-"${edgefleet[@]}" credentials ca --dir "$out"
-"${edgefleet[@]}" credentials server --dir "$out" --host "${hosts[@]}"
-"${edgefleet[@]}" credentials host --dir "$out"
+"${edgefleet[@]}" keys ca --dir "$out"
+"${edgefleet[@]}" keys server --dir "$out" --host "${hosts[@]}"
+"${edgefleet[@]}" keys host --dir "$out"
 
 acl_args=()
 for ((i = 1; i <= count; i++)); do
     device="${prefix}${i}"
-    "${edgefleet[@]}" credentials device "$device" --dir "$out"
+    "${edgefleet[@]}" keys device "$device" --dir "$out"
     acl_args+=(--device "${device}:${group}")
 done
 if ((count > 0)); then
-    "${edgefleet[@]}" credentials acl "${acl_args[@]}" --out "$out/edgefleet.acl"
+    "${edgefleet[@]}" keys acl "${acl_args[@]}" --out "$out/edgefleet.acl"
 fi
 
 echo

@@ -1,4 +1,4 @@
-"""`edgefleet credentials ca|server|device|host|acl`: broker TLS credentials and the Mosquitto ACL."""
+"""`edgefleet keys ca|server|device|host|acl`: broker TLS credentials and the Mosquitto ACL."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ if TYPE_CHECKING:
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("credentials", help="broker TLS certificates and the Mosquitto ACL")
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+def add_verbs(verbs: argparse._SubParsersAction) -> None:
+    """`edgefleet keys ca|server|device|host|acl`: broker TLS credentials beside the signing keys."""
 
     ca = verbs.add_parser("ca", help="create a CA (ca.crt, ca.key) in --dir")
     ca.add_argument("--dir", type=Path, required=True, help="directory for ca.crt and ca.key")

@@ -1,16 +1,17 @@
-"""`edgefleet keys generate`."""
+"""`edgefleet keys generate` (bundle signing) and the broker credentials (see credentials.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from edgefleet.cli import credentials
 from edgefleet.cli.common import add_json, edgefleet_home, print_json
 from edgefleet.core.signing import SigningKey, generate_keypair
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("keys", help="signing keys")
+    parser = sub.add_parser("keys", help="signing keys, broker TLS certificates and the device ACL")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     gen = verbs.add_parser("generate", help="create an ed25519 signing key pair")
     gen.add_argument(
@@ -22,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--name", default="signing")
     add_json(gen)
     gen.set_defaults(func=cmd_generate)
+    credentials.add_verbs(verbs)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

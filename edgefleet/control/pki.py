@@ -231,7 +231,7 @@ def _load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey
         key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
     except FileNotFoundError as err:
         raise UserInputError(
-            f"no CA in {ca_dir} ({err.filename} is missing); create one with `edgefleet credentials ca`"
+            f"no CA in {ca_dir} ({err.filename} is missing); create one with `edgefleet keys ca`"
         ) from err
     except ValueError as err:
         raise UserInputError(f"cannot read the CA in {ca_dir}: {err}") from err
