@@ -6,14 +6,15 @@ In one run, interleaved (raw, bundle, raw, bundle, ...), medians:
 - raw: the bytes as block-sized QoS 1 messages, a subscriber receiving them all (the broker's bandwidth);
 - bundle: `publish_bundle` (retained blocks + signed offer) then a device-side `BlockDownload`
   (windowed subscriptions, per-block sha256, fsync'd writes, whole-file sha256);
-- resume: a real agent process killed mid-download and restarted: bytes it fetched beyond the blocks
-  it lacked (goal: at most one block).
+- resume: a real agent process killed (SIGKILL) at a random point of each download and restarted: bytes it
+  fetched beyond the blocks it lacked (goal: at most one block), restarts without a working model (goal: 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -71,37 +72,54 @@ def bundle_round(host: Connection, device: Connection, bundle: Path, block: int,
     return published - start, fetched - start
 
 
-def resume_trial(broker: MosquittoBroker, bundle: Path, keys: tuple[Path, Path], work: Path, block: int) -> dict:
+def resume_trials(
+    broker: MosquittoBroker, source: Path, keys: tuple[Path, Path], work: Path, block: int, pad: int, trials: int
+) -> dict:
+    """Kill a real agent with SIGKILL at a random share of each download, restart it, and count the bytes
+    it fetched beyond the blocks it lacked, and any restart that came up without a working model."""
+    key, trusted = SigningKey.load(keys[0]), TrustedKeys.load([keys[1]])
     host = Connection(broker.url, "bench-resume-host", session_expiry_s=600).start()
     topics = Topics()
     watcher = FleetWatcher(host, topics)
     agent = AgentProcess("bench-resume", work / "bench-resume", broker=broker.url, trust=keys[1]).start()
+    rng = random.Random(7)
+    refetched, without_model, current = [], 0, None
     try:
         watcher.wait_for("agent online", lambda: watcher.status.get("bench-resume"), timeout=30)
-        target = deploy_to(host, topics, bundle, devices=("bench-resume",), block_size=block)
-        record = agent.state_dir / "downloads" / f"{target}.part.blocks"
-        blocks = -(-bundle.stat().st_size // block)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # kill once roughly half the blocks are on disk
-            if record.exists() and sum(record.read_bytes()) >= blocks // 2:
-                break
-            time.sleep(0.005)
-        agent.kill9()
-        held = sum(record.read_bytes())
-        marker = len(watcher.events)
-        agent.start()
-        watcher.serving("bench-resume", target, timeout=120)
-        event = watcher.wait_for(
-            "downloaded",
-            lambda: next((e for e in watcher.events[marker:] if e.kind == "downloaded"), None),
-        )
-        fetched = int(event.detail.split(" bytes")[0])
-        missing = bundle.stat().st_size - held * block
-        return {"blocks": blocks, "held_at_kill": held, "fetched_after_restart": fetched,
-                "missing_at_restart": missing, "refetched_bytes": max(0, fetched - missing)}  # fmt: skip
+        for trial in range(trials):
+            bundle = padded_bundle(source, work, key, trusted, version=str(trial + 10), pad_bytes=pad, seed=trial)
+            target = deploy_to(host, topics, bundle, devices=("bench-resume",), block_size=block)
+            record = agent.state_dir / "downloads" / f"{target}.part.blocks"
+            blocks = -(-bundle.stat().st_size // block)
+            goal, deadline = int(rng.uniform(0.05, 0.95) * blocks), time.monotonic() + 60
+            while time.monotonic() < deadline and not (record.exists() and sum(record.read_bytes()) >= goal):
+                time.sleep(0.002)
+            agent.kill9()
+            held = sum(record.read_bytes()) if record.exists() else 0
+            marker = len(watcher.events)
+            agent.start()
+            first = watcher.wait_for(
+                "restarted",
+                lambda: (s := watcher.status.get("bench-resume")) and s.online and s.state != "starting" and s,
+            )
+            without_model += int(current is not None and first.active_bundle not in (current, target))
+            watcher.serving("bench-resume", target, timeout=120)
+            event = watcher.wait_for(
+                "downloaded",
+                lambda since=marker: next((e for e in watcher.events[since:] if e.kind == "downloaded"), None),
+            )
+            fetched = int(event.detail.split(" bytes")[0])
+            refetched.append(max(0, fetched - (bundle.stat().st_size - held * block)))
+            current = target
     finally:
         agent.stop()
         host.stop()
+    return {
+        "trials": trials,
+        "refetched_bytes_max": max(refetched),
+        "refetched_bytes_median": statistics.median(refetched),
+        "devices_without_working_model": without_model,
+    }
 
 
 def main() -> int:
@@ -109,6 +127,7 @@ def main() -> int:
     parser.add_argument("--mb", type=float, default=16.0, help="bundle size")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--block-kib", type=int, default=128)
+    parser.add_argument("--kill-trials", type=int, default=10, help="kill -9 / resume trials")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     block = args.block_kib * 1024
@@ -136,7 +155,7 @@ def main() -> int:
             end_to_end.append(total)
         host.stop()
         device.stop()
-        resume = resume_trial(broker, bundle, keys, work, block)
+        resume = resume_trials(broker, Path(result.bundle), keys, work, block, int(args.mb * 2**20), args.kill_trials)
     size_mb = len(data) / 1e6
     raw_mbps, bundle_mbps = size_mb / statistics.median(raw), size_mb / statistics.median(end_to_end)
     fetch_mbps = size_mb / statistics.median([total - pub for pub, total in zip(publish, end_to_end, strict=True)])
@@ -153,7 +172,9 @@ def main() -> int:
     print(f"{'ratio bundle / raw (goal >= 0.50)':44} {bundle_mbps / raw_mbps:>12.2f}")
     print(f"{'device fetch + verify only (publish is once)':44} {fetch_mbps:>8.1f} MB/s")
     print(f"{'ratio device fetch / raw':44} {fetch_mbps / raw_mbps:>12.2f}")
-    print(f"{'resume after kill -9: bytes re-fetched':44} {resume['refetched_bytes']:>12} (goal <= {block})")
+    print(f"{'resume after kill -9: bytes re-fetched, max':44} {resume['refetched_bytes_max']:>12} (goal <= {block})")
+    lost = resume["devices_without_working_model"]
+    print(f"{'kill -9 trials without a working model':44} {lost:>12} of {resume['trials']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
