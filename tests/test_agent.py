@@ -195,3 +195,12 @@ def test_under_systemd_the_agent_says_ready_and_pings_the_watchdog(start_agent: 
         while not {"READY=1", "WATCHDOG=1"} <= seen:
             seen.update(sock.recv(4096).decode().splitlines())
     assert "STATUS=idle" in seen or any(line.startswith("STATUS=") for line in seen)
+
+
+def test_a_device_that_comes_online_after_the_deployment_still_gets_its_bundle(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path]
+) -> None:
+    bundle_id = deploy_to(host, topics, demo_bundles["generic-x86-64"], groups=("late-group",))
+    time.sleep(1.0)  # nobody is listening: everything the device needs is retained on the broker
+    start_agent("dev-late", profile="generic-x86-64", groups=("late-group",), extra=("--protocol", "3.1.1"))
+    watcher.serving("dev-late", bundle_id)
