@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from edgefleet.agent.selection import Policy
+from edgefleet.agent.service import ServiceConfig
 from edgefleet.core.mqtt import Protocol, TlsFiles
 from edgefleet.core.topics import DEFAULT_PREFIX, check_segment
 
@@ -46,6 +48,11 @@ class AgentConfig(BaseModel):
     @classmethod
     def _groups(cls, value: list[str]) -> list[str]:
         return [check_segment("group", g) for g in value]
+
+    selection: Policy = Field(default_factory=Policy, description="how the execution provider is chosen")
+    http: ServiceConfig | None = Field(
+        default_factory=ServiceConfig, description="the local inference API; None turns it off"
+    )
 
     @property
     def tls(self) -> TlsFiles | None:

@@ -23,7 +23,8 @@ from edgefleet.agent import watchdog
 from edgefleet.agent.config import AgentConfig
 from edgefleet.agent.health import HealthVerdict, judge_health
 from edgefleet.agent.installer import InstallContext, Refused, install, load_installed
-from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.runtime import LoadedModel, RuntimeOptions
+from edgefleet.agent.service import InferenceService, ServiceConfig
 from edgefleet.agent.spool import Spool
 from edgefleet.agent.store import Store
 from edgefleet.agent.telemetry import RequestStats, ResourceSampler
@@ -60,6 +61,8 @@ class Agent:
         self.trusted = TrustedKeys.load(config.trusted_paths)
         self.profile = detect_profile() if config.profile == "auto" else get_profile(config.profile)
         self.model: LoadedModel | None = None
+        self.service: InferenceService | None = None
+        self.runtime = RuntimeOptions(config.threads, config.state_dir / "cache", config.selection)
         self.state: DeviceState = "starting"
         self.last_error: str | None = None
         self.stats = RequestStats()
@@ -97,6 +100,8 @@ class Agent:
         if removed:
             log.info("removed incomplete installs left by a crash: %s", ", ".join(removed))
         self._restore()
+        if self.config.http is not None:
+            self._start_service(self.config.http)
         cid = self.config.device_id
         self.conn.subscribe(self.topics.device_desired(cid), self._on_device_desired)
         for group in self.config.groups:
@@ -116,11 +121,23 @@ class Agent:
         watchdog.ready(self.state)
         self._supervise(threads)
         watchdog.stopping()
+        if self.service is not None:
+            self.service.stop()
         if self.conn.connected:
             with contextlib.suppress(BrokerError):  # going down anyway; the last will covers us
                 self._publish_status(online=False, state="offline", wait=2.0)
         self.conn.stop()
         self.spool.close()
+
+    def _start_service(self, config: ServiceConfig) -> None:
+        """The local API is a convenience: if its port is taken the agent still installs and serves over MQTT."""
+        try:
+            self.service = InferenceService([self.model] if self.model else [], config).start()
+        except OSError as err:
+            self.last_error = f"local inference API not started: {err}"
+            log.error("%s", self.last_error)
+            return
+        log.info("local inference API on %s", self.service.address)
 
     def _supervise(self, threads: list[threading.Thread]) -> None:
         """Until stopped: ping systemd's watchdog while every worker is alive and inference keeps turning."""
@@ -143,7 +160,7 @@ class Agent:
         state = self.store.load_state()
         for bundle_id in [b for b in [state.committed, *state.history] if b]:
             try:
-                self.model = load_installed(self.store, bundle_id, self.trusted, self.config.threads)
+                self.model = load_installed(self.store, bundle_id, self.trusted, self.runtime)
             except EdgefleetError as err:
                 log.error("installed bundle %s does not check out: %s", bundle_id, err)
                 self.last_error = f"{bundle_id}: {err}"
@@ -232,7 +249,7 @@ class Agent:
             self.store,
             self.trusted,
             self.profile.name,
-            self.config.threads,
+            self.runtime,
             self.config.block_window,
             self.config.offer_timeout_s,
             self.config.min_free_bytes,
@@ -258,12 +275,25 @@ class Agent:
             return
         self.store.commit(bundle_id, model.manifest.model_name, model.manifest.model_version)
         model.bundle_dir = self.store.bundle_dir(bundle_id)
-        previous, self.model = self.model, model  # hot swap: the old model served until this line
-        self.stats.reset_health()
+        previous = self._swap(model)
         self.last_error = None
         self._set_state("serving")
         detail = f"now serving on {model.provider}" + (f" (was {previous.bundle_id})" if previous else "")
         self._event("committed", detail, bundle_id=bundle_id)
+
+    def _swap(self, model: LoadedModel) -> LoadedModel | None:
+        """Hot swap: the old model serves until this call; requests in flight on it finish, then it closes."""
+        previous, self.model = self.model, model
+        self.stats.reset_health()
+        if self.service is not None:
+            self.service.swap(model, replaces=previous.manifest.model_name if previous else None)
+        if previous is not None:
+            threading.Thread(target=self._retire, args=(previous,), name="retire", daemon=True).start()
+        return previous
+
+    def _retire(self, model: LoadedModel) -> None:
+        if self.service is None or self.service.wait_idle(model, 30):
+            model.close()
 
     def _fail(self, bundle_id: str, kind: EventKind, reason: str) -> None:
         log.warning("bundle %s: %s", bundle_id, reason)
@@ -425,7 +455,7 @@ class Agent:
         state = self.store.load_state()
         for previous in state.history:
             try:
-                restored = load_installed(self.store, previous, self.trusted, self.config.threads)
+                restored = load_installed(self.store, previous, self.trusted, self.runtime)
             except EdgefleetError as err:
                 log.warning("previous bundle %s is not usable either: %s", previous, err)
                 continue
@@ -433,8 +463,7 @@ class Agent:
             if desired is not None and desired.bundle_id == bundle_id:
                 self.store.remember_refusal(f"{desired.bundle_id}@{desired.issued_at}")
             self.store.commit(previous, restored.manifest.model_name, restored.manifest.model_version)
-            self.model = restored
-            self.stats.reset_health()
+            self._swap(restored)
             self._event("rolled-back", f"{verdict.reason}; now serving {previous}", bundle_id=bundle_id)
             self._publish_status()
             return
@@ -459,10 +488,12 @@ class Agent:
             profile=self.profile.name,
             groups=self.config.groups,
             hardware=_hardware(),
-            providers=ort.get_available_providers(),
+            providers=_usable_providers(model),
             active_bundle=model.bundle_id if model else None,
             active_model=f"{model.manifest.model_name}@{model.manifest.model_version}" if model else None,
             provider_in_use=model.provider if model else None,
+            provider_summary=model.choice.summary if model else None,
+            providers_not_chosen=dict(model.choice.reasons) if model else {},
             verified=bool(model and model.last_golden and model.last_golden.passed),
             last_error=self.last_error,
         )
@@ -481,6 +512,14 @@ class Agent:
         )  # fmt: skip
         log.info("event %s %s: %s", kind, bundle_id or "", detail)
         self._enqueue(self.topics.events(self.config.device_id), event.encode())
+
+
+def _usable_providers(model: LoadedModel | None) -> list[str]:
+    """What can run here: from the last provider choice (probing every backend would import them all)."""
+    if model is None:
+        return list(ort.get_available_providers())
+    usable = [p for p, why in model.choice.reasons.items() if not why.startswith(("not available", "excluded"))]
+    return [model.provider, *usable]
 
 
 def _hardware() -> Hardware:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.runtime import LoadedModel, RuntimeOptions
 from edgefleet.agent.store import Store, atomic_write
 from edgefleet.agent.transfer import BlockDownload, TransferError
 from edgefleet.core.bundle import MANIFEST_NAME, SIGNATURE_NAME, SignedManifest, unpack_bundle, verify_files
@@ -26,7 +26,7 @@ from edgefleet.core.topics import Topics
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_FORMATS = ("onnx",)
+SUPPORTED_FORMATS = ("onnx", "openvino-ir")
 
 
 class Refused(BundleError):
@@ -40,7 +40,7 @@ class InstallContext:
     store: Store
     trusted: TrustedKeys
     profile: str
-    threads: int
+    runtime: RuntimeOptions
     block_window: int
     offer_timeout_s: float
     min_free_bytes: int
@@ -146,16 +146,16 @@ def stage(ctx: InstallContext, offer: BundleOffer, bundle_file: Path) -> tuple[P
     return staging, manifest
 
 
-def load_and_check(bundle_dir: Path, manifest: Manifest, threads: int) -> LoadedModel:
-    """Load, warm up and run the golden set; Refused when the device's outputs leave tolerance."""
-    model = LoadedModel(bundle_dir, manifest, threads)
+def load_and_check(bundle_dir: Path, manifest: Manifest, runtime: RuntimeOptions) -> LoadedModel:
+    """Load (choosing the provider), warm up and run the golden set; Refused when outputs leave tolerance."""
+    model = runtime.load(bundle_dir, manifest)
     result = model.check_golden()
     if not result.passed:
         raise Refused(f"golden set failed on this device: {result.reason}")
     return model
 
 
-def load_installed(store: Store, bundle_id: str, trusted: TrustedKeys, threads: int) -> LoadedModel:
+def load_installed(store: Store, bundle_id: str, trusted: TrustedKeys, runtime: RuntimeOptions) -> LoadedModel:
     """Re-verify an installed bundle (signature and file hashes) and load it; used at start-up."""
     directory = store.bundle_dir(bundle_id)
     try:
@@ -164,7 +164,7 @@ def load_installed(store: Store, bundle_id: str, trusted: TrustedKeys, threads: 
         raise BundleError(f"installed bundle {bundle_id} has no readable signed manifest") from err
     manifest = signed.verify(trusted)
     verify_files(directory, manifest)
-    return load_and_check(directory, manifest, threads)
+    return load_and_check(directory, manifest, runtime)
 
 
 def install(ctx: InstallContext, desired: Desired, versions: dict[str, str], notify: Notify) -> LoadedModel:
@@ -179,7 +179,7 @@ def install(ctx: InstallContext, desired: Desired, versions: dict[str, str], not
     bundle_file = download(ctx, offer, notify)
     staging, manifest = stage(ctx, offer, bundle_file)
     try:
-        model = load_and_check(staging, manifest, ctx.threads)
+        model = load_and_check(staging, manifest, ctx.runtime)
     except BundleError as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise Refused(str(err)) from err

@@ -1,17 +1,21 @@
-"""Loading a verified bundle into ONNX Runtime, checking it against its golden set, running it."""
+"""A verified bundle loaded on the provider chosen by measurement, checked against its golden set, run.
+
+The runtimes live in `agent/backends/` (one file each); the choice of provider in `agent/selection.py`.
+"""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
-from edgefleet.core.errors import BundleError
+from edgefleet.agent.backends import Session
+from edgefleet.agent.selection import NoProviderError, Policy, ProviderChoice, select
+from edgefleet.core.errors import BundleError, DataError
 from edgefleet.core.golden import GoldenResult, GoldenSet, compare
 from edgefleet.core.manifest import Manifest
 from edgefleet.core.tensors import check_inputs, run_samples
@@ -19,46 +23,45 @@ from edgefleet.core.tensors import check_inputs, run_samples
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ProviderChoice:
-    provider: str
-    reasons: dict[str, str]  # provider -> why it was not used
-
-
-def choose_provider(allowed: list[str], available: list[str]) -> ProviderChoice:
-    """The first provider the bundle allows that this machine has (measurement-based choice comes later)."""
-    reasons = {p: "not available on this device" for p in allowed if p not in available}
-    usable = [p for p in allowed if p in available]
-    if not usable:
-        raise BundleError(f"none of the bundle's providers {allowed} is available here (have {available})")
-    for later in usable[1:]:
-        reasons[later] = f"lower in the bundle's preference order than {usable[0]}"
-    return ProviderChoice(usable[0], reasons)
-
-
 class LoadedModel:
-    """One bundle loaded into a runtime session. `run` is safe to call from several threads."""
+    """One bundle loaded into a runtime session. `run` is safe to call from several threads at once.
 
-    def __init__(self, bundle_dir: Path, manifest: Manifest, threads: int = 0) -> None:
-        if manifest.format != "onnx":
-            raise BundleError(f"bundle format {manifest.format!r} is not supported by this agent yet")
-        self.bundle_dir, self.manifest = bundle_dir, manifest
-        self.choice = choose_provider(manifest.providers, ort.get_available_providers())
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.log_severity_level = 3
+    `cache_dir` (the agent's STATE_DIR/cache) holds the provider decision cache and the runtimes'
+    compiled blobs; without it every load measures again and nothing is cached. `load_ms` is the time
+    from the call to a model ready to serve, the provider choice included.
+    """
+
+    def __init__(
+        self,
+        bundle_dir: Path,
+        manifest: Manifest,
+        threads: int = 0,
+        *,
+        cache_dir: Path | None = None,
+        policy: Policy | None = None,
+    ) -> None:
         start = time.perf_counter()
-        try:
-            self._session = ort.InferenceSession(
-                str(bundle_dir / manifest.model_path), options, providers=[self.choice.provider]
-            )
-        except Exception as err:  # onnxruntime raises its own untyped exceptions
-            raise BundleError(f"onnxruntime cannot load the model: {err}") from err
-        self.load_ms = (time.perf_counter() - start) * 1000
-        self._outputs = [o.name for o in self._session.get_outputs()]
-        self._lock = threading.Lock()
+        self.bundle_dir, self.manifest = bundle_dir, manifest
         self.golden = GoldenSet.load(bundle_dir / manifest.golden.path, manifest.inputs, manifest.outputs)
+        try:
+            selected = select(
+                bundle_dir / manifest.model_path,
+                manifest,
+                self.golden,
+                threads=threads,
+                cache_dir=cache_dir,
+                policy=policy,
+            )
+        except BundleError:  # NoProviderError included: the message says why each provider was not usable
+            raise
+        except Exception as err:  # a bug or an unexpected runtime failure refuses the bundle, not the agent
+            raise BundleError(f"cannot load the model: {type(err).__name__}: {err}") from err
+        self._session: Session = selected.session
+        self.choice: ProviderChoice = selected.choice
+        self.selection_golden: GoldenResult = selected.golden  # the chosen provider's golden run during selection
         self.last_golden: GoldenResult | None = None
+        self._checks = _compile_checks(manifest)
+        self.load_ms = (time.perf_counter() - start) * 1000
 
     @property
     def bundle_id(self) -> str:
@@ -68,13 +71,35 @@ class LoadedModel:
     def provider(self) -> str:
         return self.choice.provider
 
+    @property
+    def session(self) -> Session:
+        return self._session
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Validated inference: wrong names, dtypes or shapes raise DataError before the runtime sees them."""
-        check_inputs(self.manifest.inputs, feeds)
-        return self._run(feeds)
+        if not self._fits(feeds):
+            for name, value in feeds.items():
+                if not isinstance(value, np.ndarray):
+                    raise DataError(f"input {name!r} is a {type(value).__name__}, not a numpy array")
+            check_inputs(self.manifest.inputs, feeds)  # raises DataError with the precise reason
+        return self._session.run(feeds)
+
+    def _fits(self, feeds: dict[str, np.ndarray]) -> bool:
+        """The same rules as check_inputs, precompiled: it runs on every request, so it must be cheap."""
+        if len(feeds) != len(self._checks):
+            return False
+        for name, dtype, rank, fixed in self._checks:
+            value = feeds.get(name)
+            if type(value) is not np.ndarray or value.dtype != dtype or value.ndim != rank:
+                return False
+            shape = value.shape
+            for axis, size in fixed:
+                if shape[axis] != size:
+                    return False
+        return True
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self._outputs, self._session.run(self._outputs, feeds), strict=True))
+        return self._session.run(feeds)
 
     def check_golden(self, warmup: int = 3) -> GoldenResult:
         """Warm up, then re-run the golden inputs and judge them against the bundle's expectations."""
@@ -88,3 +113,34 @@ class LoadedModel:
             result = compare(outputs, self.golden, self.manifest.golden)
         self.last_golden = result
         return result
+
+    def close(self) -> None:
+        """Release the runtime session (only once no request can still reach this model)."""
+        self._session.close()
+
+
+def _compile_checks(manifest: Manifest) -> list[tuple[str, np.dtype[Any], int, tuple[tuple[int, int], ...]]]:
+    return [
+        (
+            spec.name,
+            np.dtype(spec.dtype),
+            len(spec.shape),
+            tuple((axis, dim) for axis, dim in enumerate(spec.shape) if isinstance(dim, int) and dim >= 0),
+        )
+        for spec in manifest.inputs
+    ]
+
+
+__all__ = ["LoadedModel", "NoProviderError", "Policy", "ProviderChoice"]
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How this device loads bundles: inference threads, where caches live, the provider policy."""
+
+    threads: int = 0
+    cache_dir: Path | None = None
+    policy: Policy | None = None
+
+    def load(self, bundle_dir: Path, manifest: Manifest) -> LoadedModel:
+        return LoadedModel(bundle_dir, manifest, self.threads, cache_dir=self.cache_dir, policy=self.policy)

@@ -1,25 +1,37 @@
-"""`edgefleet convert`: source model + data → one signed bundle per hardware profile, and a report."""
+"""`edgefleet convert`: source model + data → one signed bundle per hardware profile, and a report.
+
+Order of work: check everything the user gave (model, pins, data) before writing anything; run the FP32 source
+on the evaluation set for the reference; per profile, search recipes (converter.search) and sign the winner;
+write the report. Bundles and report files appear in `out` only when complete (written then renamed); the
+work directory inside `out` is removed whatever happens.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import cast, get_args
 
 import numpy as np
+import onnxruntime as ort
 
-from edgefleet.converter.measure import Runner, interleaved_latency, ort_runner, predict, score
-from edgefleet.converter.model import SourceModel, load_model
-from edgefleet.converter.passes import optimize_portable
-from edgefleet.converter.quantize import quantize_int8_static
-from edgefleet.converter.recipes import Candidate, choose
+from edgefleet.converter.accuracy import Budget, plan_metric
+from edgefleet.converter.cache import BuildCache
+from edgefleet.converter.candidates import Built
+from edgefleet.converter.context import Context, Progress
+from edgefleet.converter.measure import ort_runner, predict
+from edgefleet.converter.model import SourceModel, load_model, tensor_spec
+from edgefleet.converter.passes.graph import FixDimsConfig
+from edgefleet.converter.prepare import opset_of
+from edgefleet.converter.search import ProfileSearch, search
+from edgefleet.converter.targets import TargetStatus
 from edgefleet.core.bundle import describe_files, pack_bundle, sha256_file
-from edgefleet.core.errors import ConversionError, UserInputError
+from edgefleet.core.errors import ConversionError, DataError, UserInputError
 from edgefleet.core.golden import GoldenSet, argmax_agreement
 from edgefleet.core.manifest import (
     AccuracyReport,
@@ -27,12 +39,11 @@ from edgefleet.core.manifest import (
     LatencyReport,
     Manifest,
     Metric,
-    PassRecord,
     Precision,
     Recipe,
     parse_version,
 )
-from edgefleet.core.profiles import Profile, Target
+from edgefleet.core.profiles import HostFacts, Profile, Target
 from edgefleet.core.signing import SigningKey
 from edgefleet.core.tensors import Dataset, load_dataset
 
@@ -40,8 +51,6 @@ log = logging.getLogger(__name__)
 
 GOLDEN_COUNT = 16
 MODEL_PATH = "model/model.onnx"
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,13 @@ class ConvertRequest:
     version: str
     max_drop: float | None = None  # overrides every profile's budget when set
     threads: int = 1
+    min_sqnr_db: float | None = None  # overrides every profile's SQNR floor when set
+    pins: dict[str, str] = field(default_factory=dict)  # inputs declared constant: name → value (JSON number/list)
+    fix_dims: dict[str, int] = field(default_factory=dict)  # symbolic dimension name → value
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)  # input name → fixed shape
+    runtimes: tuple[str, ...] | None = None  # only these runtimes' targets (None = every target)
+    cache_dir: Path | None = None  # content-addressed build cache; None = no cache
+    report: bool = True  # write <name>-<version>.report.json/.html and plots into out
 
 
 @dataclass
@@ -71,271 +87,239 @@ class ProfileResult:
     size_bytes: int | None
     candidates: list[dict[str, object]] = field(default_factory=list)
     error: str | None = None
-
-
-@dataclass
-class _Built:
-    candidate: Candidate
-    path: Path | None
-    passes: list[PassRecord]
-    runner: Runner | None = None
-    outputs: dict[str, np.ndarray] | None = None
+    format: str | None = None
+    runtime: str | None = None
+    provider: str | None = None
+    measured: bool = False
+    notes: list[str] = field(default_factory=list)
+    passes: list[dict[str, object]] = field(default_factory=list)
+    worst_layers: dict[str, list[dict[str, object]]] = field(default_factory=dict)
 
 
 def convert(request: ConvertRequest, progress: Progress = lambda _msg: None) -> list[ProfileResult]:
-    """Build, measure and sign. Bundles appear in `out` only when complete (written then renamed)."""
-    parse_version(request.version)
+    """Build, measure and sign. User errors are raised before anything is written to `out`."""
+    try:
+        parse_version(request.version)
+    except ValueError as err:
+        raise UserInputError(str(err)) from err
     source = load_model(request.model)
-    calib = load_dataset(request.calib, source.inputs, role="calibration")
-    evaluation = load_dataset(request.eval, source.inputs, role="evaluation")
+    pins = _parse_pins(source, request.pins)
+    inputs = [spec for spec in source.inputs if spec.name not in pins]
+    calib = load_dataset(request.calib, inputs, role="calibration")
+    evaluation = load_dataset(request.eval, inputs, role="evaluation")
+    _check_runs(source, pins, calib, "calibration")
+    progress("reference: running the FP32 source model on the evaluation set")
+    reference = predict(_with_pins(ort_runner(source.path, request.threads), pins), evaluation)
+    plan = plan_metric(reference, evaluation.labels)
+    ref_value = _reference_value(reference, evaluation, plan)
     request.out.mkdir(parents=True, exist_ok=True)
+    results: list[ProfileResult] = []
     with tempfile.TemporaryDirectory(prefix=".edgefleet-convert-", dir=request.out) as tmp:
-        work = Path(tmp)
-        progress("reference: running the FP32 source model on the evaluation set")
-        reference = predict(ort_runner(source.path, request.threads), evaluation)
-        ref_score = score(reference, reference, evaluation.labels)
-        built: dict[tuple[str, bool], _Built] = {}
-        results = []
-        for profile in request.profiles:
-            results.append(
-                _convert_profile(
-                    request, profile, source, calib, evaluation, reference, ref_score.value, built, work, progress
-                )
-            )
+        ctx = Context(
+            source=source,
+            pins=pins,
+            user_dims=FixDimsConfig(dims=dict(request.fix_dims), shapes=dict(request.input_shapes)),
+            calib=calib,
+            evaluation=evaluation,
+            reference=reference,
+            plan=plan,
+            ref_value=ref_value,
+            data_sha={"calib": sha256_file(request.calib), "eval": sha256_file(request.eval)},
+            threads=request.threads,
+            work=Path(tmp),
+            cache=BuildCache(request.cache_dir) if request.cache_dir else None,
+            progress=progress,
+        )
+        facts = HostFacts.probe(f for p in request.profiles for f in p.match.files)
+        providers = frozenset(ort.get_available_providers())
+        for index, profile in enumerate(request.profiles, 1):
+            progress(f"[{index}/{len(request.profiles)}] {profile.name}")
+            results.append(_convert_profile(request, ctx, profile, facts, providers))
+        if request.report:
+            from edgefleet.converter.report import write_report
+
+            progress("writing the conversion report")
+            write_report(request, source, plan.name, results, ctx.work)
     return results
 
 
-def _convert_profile(
-    request: ConvertRequest,
-    profile: Profile,
-    source: SourceModel,
-    calib: Dataset,
-    evaluation: Dataset,
-    reference: dict[str, np.ndarray],
-    ref_value: float,
-    built: dict[tuple[str, bool], _Built],
-    work: Path,
-    progress: Progress,
-) -> ProfileResult:
-    metric = "top1" if evaluation.labels is not None else "argmax-agreement"
-    target = _onnxruntime_target(profile)
-    if target is None:
-        runtimes = sorted({t.runtime for t in profile.targets})
-        return ProfileResult(
-            profile.name,
-            None,
-            None,
-            None,
-            None,
-            ref_value,
-            metric,
-            None,
-            None,
-            error=f"no converter for runtimes {runtimes} yet (only onnxruntime)",
-        )
-    opset = source.opset.get("", 0)
-    if not profile.opset.min <= opset <= profile.opset.max:
-        return ProfileResult(
-            profile.name,
-            None,
-            None,
-            None,
-            None,
-            ref_value,
-            metric,
-            None,
-            None,
-            error=f"opset {opset} outside the profile's range {profile.opset.min}-{profile.opset.max}",
-        )
-    candidates: list[_Built] = []
-    for precision in target.precisions:
-        key = (precision, target.int8_reduce_range and precision == "int8-static")
-        if key not in built:
-            progress(f"{profile.name}: building {precision}")
-            built[key] = _build_candidate(precision, key[1], source, calib, evaluation, reference, work, request)
-        candidates.append(built[key])
-    measurable: dict[str, Runner] = {b.candidate.name: b.runner for b in candidates if b.runner is not None}
-    progress(f"{profile.name}: timing {', '.join(measurable)} (interleaved rounds)")
-    latencies = interleaved_latency(measurable, evaluation) if measurable else {}
-    measured = [
-        Candidate(**{**asdict(b.candidate), "latency_ms": latencies[b.candidate.name].median_ms})
-        if b.candidate.name in latencies
-        else b.candidate
-        for b in candidates
-    ]
-    max_drop = request.max_drop if request.max_drop is not None else profile.accuracy_budget.max_drop
-    choice = choose(measured, reference=ref_value, max_drop=max_drop, size_limit_bytes=int(profile.size_limit_mb * 1e6))
-    report = [asdict(c) for c in ([choice.chosen] if choice.chosen else []) + choice.rejected]
-    if choice.chosen is None:
-        return ProfileResult(
-            profile.name,
-            None,
-            None,
-            None,
-            None,
-            ref_value,
-            metric,
-            None,
-            None,
-            report,
-            error="no candidate met the accuracy budget and size limit",
-        )
-    winner = next(b for b in candidates if b.candidate.name == choice.chosen.name)
-    stats = latencies[winner.candidate.name]
-    progress(f"{profile.name}: signing bundle ({choice.chosen.name})")
-    bundle_path, bundle_id = _write_bundle(
-        request,
-        profile,
-        target,
-        source,
-        evaluation,
-        reference,
-        winner,
-        metric,
-        ref_value,
-        max_drop,
-        LatencyReport(
-            median_ms=stats.median_ms,
-            p90_ms=stats.p90_ms,
-            runtime="onnxruntime",
-            provider="CPUExecutionProvider",
-            threads=request.threads,
-            machine=_machine(),
-        ),
-        work,
-    )
-    return ProfileResult(
-        profile.name,
-        str(bundle_path),
-        bundle_id,
-        choice.chosen.name,
-        choice.chosen.accuracy,
-        ref_value,
-        metric,
-        stats.median_ms,
-        choice.chosen.size_bytes,
-        report,
-    )
+def _parse_pins(source: SourceModel, pins: dict[str, str]) -> dict[str, np.ndarray]:
+    import json
+
+    specs = {spec.name: spec for spec in source.inputs}
+    parsed: dict[str, np.ndarray] = {}
+    for name, text in pins.items():
+        if name not in specs:
+            raise UserInputError(f"cannot pin {name!r}: the model's inputs are {sorted(specs)}")
+        try:
+            value = np.asarray(json.loads(text), dtype=np.dtype(specs[name].dtype))
+        except (ValueError, TypeError) as err:
+            raise UserInputError(f"pin {name}={text!r}: not a {specs[name].dtype} value ({err})") from err
+        if value.ndim != len(specs[name].shape):
+            raise UserInputError(f"pin {name}={text!r}: rank {value.ndim}, the model wants shape {specs[name].shape}")
+        parsed[name] = value
+    return parsed
 
 
-def _onnxruntime_target(profile: Profile) -> Target | None:
-    return next((t for t in profile.targets if t.runtime == "onnxruntime" and t.format == "onnx"), None)
+def _with_pins(runner, pins: dict[str, np.ndarray]):  # type: ignore[no-untyped-def]
+    return runner if not pins else (lambda feeds: runner({**feeds, **pins}))
 
 
-def _build_candidate(
-    precision: str,
-    reduce_range: bool,
-    source: SourceModel,
-    calib: Dataset,
-    evaluation: Dataset,
-    reference: dict[str, np.ndarray],
-    work: Path,
-    request: ConvertRequest,
-) -> _Built:
-    name = "fp32" if precision == "fp32" else f"{precision}-qdq" + ("-reduce-range" if reduce_range else "")
-    stub = Candidate(name=name, precision=precision, runtime="onnxruntime")
-    fp32_path = work / "fp32.onnx"
-    passes = [PassRecord(name="ort-basic-optimization", params={"level": "basic", "portable": True})]
+def _check_runs(source: SourceModel, pins: dict[str, np.ndarray], data: Dataset, role: str) -> None:
+    """The first sample must run through the source model: catches shapes that only the graph constrains."""
+    runner = _with_pins(ort_runner(source.path), pins)
     try:
-        if not fp32_path.exists():
-            optimize_portable(source.path, fp32_path)
-        if precision == "fp32":
-            path = fp32_path
-        elif precision == "int8-static":
-            path = quantize_int8_static(fp32_path, work / f"{name}.onnx", calib, reduce_range=reduce_range)
-            passes.append(
-                PassRecord(
-                    name="int8-static-qdq",
-                    params={
-                        "activations": "uint8",
-                        "weights": "int8",
-                        "per_channel": True,
-                        "calibration": "minmax",
-                        "reduce_range": reduce_range,
-                        "calibration_samples": len(calib),
-                    },
-                )
-            )
-        else:
-            return _Built(Candidate(**{**asdict(stub), "error": f"{precision} is not implemented yet"}), None, [])
-        runner = ort_runner(path, request.threads)
-        outputs = predict(runner, evaluation)
-    except (ConversionError, UserInputError) as err:
-        log.info("candidate %s failed: %s", name, err)
-        return _Built(Candidate(**{**asdict(stub), "error": str(err)}), None, passes)
-    accuracy = score(outputs, reference, evaluation.labels).value
-    candidate = Candidate(
-        name=name, precision=precision, runtime="onnxruntime", size_bytes=path.stat().st_size, accuracy=accuracy
+        runner(data.sample(0))
+    except Exception as err:  # onnxruntime's own errors on bad shapes / dtypes
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise DataError(f"{role} sample 0 does not run through the model: {first}") from err
+
+
+def _reference_value(reference: dict[str, np.ndarray], evaluation: Dataset, plan) -> float:  # type: ignore[no-untyped-def]
+    from edgefleet.converter.accuracy import score
+
+    return score(reference, reference, evaluation.labels, plan).value
+
+
+def _budget(request: ConvertRequest, profile: Profile) -> Budget:
+    return Budget(
+        max_drop=request.max_drop if request.max_drop is not None else profile.accuracy_budget.max_drop,
+        min_sqnr_db=request.min_sqnr_db if request.min_sqnr_db is not None else profile.accuracy_budget.min_sqnr_db,
     )
-    return _Built(candidate, path, passes, runner, outputs)
+
+
+def _convert_profile(
+    request: ConvertRequest, ctx: Context, profile: Profile, facts: HostFacts, providers: frozenset[str]
+) -> ProfileResult:
+    budget = _budget(request, profile)
+    if request.runtimes is not None:
+        kept = [t for t in profile.targets if t.runtime in request.runtimes]
+        skipped = [t.runtime for t in profile.targets if t.runtime not in request.runtimes]
+        if not kept:
+            return _failed(ctx, profile, f"no target with runtimes {list(request.runtimes)} (profile has {skipped})")
+        profile = profile.model_copy(update={"targets": kept})
+    try:
+        found = search(ctx, profile, budget, facts, providers)
+    except ConversionError as err:
+        return _failed(ctx, profile, str(err))
+    assert found.choice is not None
+    chosen = found.choice.chosen
+    report = [_candidate_dict(c) for c in ([chosen] if chosen else []) + found.choice.rejected]
+    winner = found.winner()
+    if chosen is None or winner is None:
+        reasons = (
+            "; ".join(found.notes) if not found.candidates else "no candidate met the accuracy budget and size limit"
+        )
+        result = _failed(ctx, profile, reasons)
+        result.candidates, result.notes, result.worst_layers = report, found.notes, found.layer_reports
+        return result
+    built, target, status = winner
+    ctx.progress(f"{profile.name}: signing bundle ({chosen.name})")
+    result = ProfileResult(
+        profile.name, None, None, chosen.name, chosen.accuracy, ctx.ref_value, ctx.plan.name, chosen.latency_ms,
+        chosen.size_bytes, report, format=target.format, runtime=target.runtime, provider=chosen.provider,
+        measured=status.measurable, notes=found.notes, passes=[p.model_dump() for p in built.passes],
+        worst_layers=found.layer_reports,
+    )  # fmt: skip
+    if ctx.plan.name not in get_args(Metric):
+        result.error = (
+            f"the bundle manifest has no metric {ctx.plan.name!r} yet (edgefleet/core/manifest.py Metric); "
+            f"{chosen.name} passed the gate but cannot be signed"
+        )
+        return result
+    bundle_path, bundle_id = _write_bundle(request, ctx, profile, target, status, built, found, budget)
+    result.bundle, result.bundle_id = str(bundle_path), bundle_id
+    return result
+
+
+def _failed(ctx: Context, profile: Profile, error: str) -> ProfileResult:
+    return ProfileResult(profile.name, None, None, None, None, ctx.ref_value, ctx.plan.name, None, None, error=error)
+
+
+def _candidate_dict(candidate: object) -> dict[str, object]:
+    from dataclasses import asdict
+
+    return asdict(candidate)  # type: ignore[call-overload]
 
 
 def _write_bundle(
     request: ConvertRequest,
+    ctx: Context,
     profile: Profile,
     target: Target,
-    source: SourceModel,
-    evaluation: Dataset,
-    reference: dict[str, np.ndarray],
-    winner: _Built,
-    metric: str,
-    ref_value: float,
-    max_drop: float,
-    latency: LatencyReport,
-    work: Path,
+    status: TargetStatus,
+    built: Built,
+    found: ProfileSearch,
+    budget: Budget,
 ) -> tuple[Path, str]:
-    assert winner.path is not None and winner.outputs is not None  # only measured candidates can win
+    assert built.outputs is not None and built.score is not None and built.prepared.model is not None
+    evaluation, reference = ctx.evaluation, ctx.reference
     count = min(GOLDEN_COUNT, len(evaluation))
     golden = GoldenSet(
         inputs=evaluation.head(count),
         reference={k: v[:count] for k, v in reference.items()},
-        expected={k: v[:count] for k, v in winner.outputs.items()},
+        expected={k: v[:count] for k, v in built.outputs.items()},
     )
-    staging = work / f"bundle-{profile.name}"
+    staging = ctx.work / f"bundle-{profile.name}"
     staging.mkdir()
     golden_path = staging / "golden.npz"
     golden.save(golden_path)
-    model_path = staging / "model.onnx"
-    shutil.copyfile(winner.path, model_path)
+    sources: dict[str, Path] = {"golden.npz": golden_path}
+    for rel, path in built.files.items():
+        copy = staging / Path(rel).name
+        shutil.copyfile(path, copy)
+        sources[rel] = copy
+    model_rel = next(rel for rel in built.files if rel.endswith((".onnx", ".xml")))
     first = next(iter(reference))
     host_agreement = argmax_agreement(golden.expected[first], golden.reference[first])
-    scale = max(1.0, max(float(np.max(np.abs(v))) for v in golden.expected.values()))
-    # Other CPUs pick other kernels: FP32 differs in the last bits, INT8 can move by a quantization step.
-    tolerance = (1e-3 if winner.candidate.precision == "fp32" else 5e-2) * scale
-    artifact_sha = sha256_file(model_path)
+    floats = [np.abs(v) for v in golden.expected.values() if np.issubdtype(v.dtype, np.floating)]
+    scale = max([1.0] + [float(np.max(v)) for v in floats if v.size])
+    # Other CPUs pick other kernels: FP32 differs in the last bits, INT8/FP16 can move by a quantization step.
+    tolerance = (1e-3 if built.spec.precision == "fp32" else 5e-2) * scale
+    artifact_sha = hashlib.sha256(b"".join(sha256_file(p).encode() for _, p in sorted(sources.items()))).hexdigest()
     bundle_id = f"{request.name}-{request.version}-{profile.name}-{artifact_sha[:8]}"
-    sources = {MODEL_PATH: model_path, "golden.npz": golden_path}
-    assert winner.candidate.accuracy is not None
+    stats = found.latencies.get(built.spec.name)
+    prepared = built.prepared.model
+    initializers = {init.name for init in prepared.graph.initializer}
     manifest = Manifest(
         bundle_id=bundle_id,
         model_name=request.name,
         model_version=request.version,
         profile=profile.name,
-        format="onnx",
-        model_path=MODEL_PATH,
+        format=target.format,
+        model_path=model_rel,
         recipe=Recipe(
-            name=winner.candidate.name,
-            precision=cast(Precision, winner.candidate.precision),
-            runtime="onnxruntime",
-            passes=winner.passes,
+            name=built.spec.name,
+            precision=cast(Precision, built.spec.precision),
+            runtime=target.runtime,
+            passes=built.passes,
         ),
         providers=list(target.providers),
-        custom_op_domains=source.custom_domains,
-        opset=source.opset,
-        inputs=source.inputs,
-        outputs=source.outputs,
+        custom_op_domains=ctx.source.custom_domains,
+        opset=opset_of(prepared),
+        inputs=[tensor_spec(v) for v in prepared.graph.input if v.name not in initializers],
+        outputs=ctx.source.outputs,
         files=describe_files(sources),
         accuracy=AccuracyReport(
-            metric=cast(Metric, metric),
-            value=winner.candidate.accuracy,
-            reference=ref_value,
-            budget=max_drop,
+            metric=cast(Metric, ctx.plan.name),
+            value=built.score.value,
+            reference=ctx.ref_value,
+            budget=budget.allowed_drop(ctx.plan.name, ctx.ref_value),
             samples=len(evaluation),
             passed=True,
         ),
-        latency=latency,
+        latency=LatencyReport(
+            median_ms=stats.median_ms,
+            p90_ms=stats.p90_ms,
+            runtime=target.runtime,
+            provider=target.providers[0],
+            threads=request.threads,
+            machine=_machine(),
+        )
+        if stats and status.measurable
+        else None,
         golden=GoldenSpec(count=count, max_abs_error=tolerance, min_agreement=max(0.0, host_agreement - 1.0 / count)),
-        source_sha256=source.sha256,
+        source_sha256=ctx.source.sha256,
     )
     out_path = request.out / f"{request.name}-{request.version}-{profile.name}.bundle"
     pack_bundle(out_path, manifest, sources, request.key)

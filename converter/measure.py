@@ -1,7 +1,9 @@
-"""Measuring candidates on this machine: outputs on a dataset, accuracy, and interleaved latency.
+"""Running candidates on this machine: runners for ONNX Runtime and OpenVINO, outputs on a dataset, and
+interleaved latency.
 
-Latency rounds are interleaved (A, B, C, A, B, C, ...) so a noisy neighbour slows every candidate
-alike, and we report medians.
+Latency rounds are interleaved (A, B, C, A, B, C, ...) so a noisy neighbour slows every candidate alike, and we
+report medians. Each runner does what a serving loop does per request (copy inputs in, run, copy outputs out),
+so runtimes are compared on equal terms.
 """
 
 from __future__ import annotations
@@ -10,53 +12,107 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from edgefleet.core.errors import ConversionError
-from edgefleet.core.golden import argmax_agreement
 from edgefleet.core.tensors import Dataset, run_samples
+
+if TYPE_CHECKING:
+    from edgefleet.converter.passes.openvino import OpenVINOArtifact
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-def ort_runner(model: Path, threads: int = 1) -> Runner:
+def _session_options(threads: int) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    return options
+
+
+def ort_runner(model: Path | onnx.ModelProto, threads: int = 1, provider: str = "CPUExecutionProvider") -> Runner:
+    source: str | bytes = str(model) if isinstance(model, Path) else model.SerializeToString()
     try:
-        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(source, _session_options(threads), providers=[provider])
     except Exception as err:  # onnxruntime raises its own untyped exceptions
-        raise ConversionError(f"onnxruntime cannot load {model.name}: {err}") from err
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise ConversionError(f"onnxruntime cannot load the model: {first}") from err
     names = [o.name for o in session.get_outputs()]
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(names, session.run(names, feeds), strict=True))
+        # A sample of a 0-d input is a numpy scalar, which onnxruntime refuses: hand it an array.
+        arrays = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in feeds.items()}
+        return dict(zip(names, session.run(names, arrays), strict=True))
+
+    return run
+
+
+@cache
+def openvino_devices() -> tuple[str, ...]:
+    try:
+        import openvino as ov
+    except ImportError:
+        return ()
+    return tuple(ov.Core().available_devices)
+
+
+def openvino_config(hint: str | None, threads: int, device: str = "CPU") -> dict[str, object]:
+    """What the agent must pass to compile_model: the recorded precision hint, latency mode, threads."""
+    config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
+    if device == "CPU":
+        config.update({"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": threads})
+    if hint:
+        config["INFERENCE_PRECISION_HINT"] = hint
+    return config
+
+
+def openvino_runner(
+    artifact: OpenVINOArtifact, output_names: list[str], threads: int = 1, device: str = "CPU"
+) -> Runner:
+    """Compile on `device` with the artifact's precision hint (CPU proxies may override it to f32)."""
+    import openvino as ov
+
+    hint = artifact.inference_precision_hint if device != "CPU" or artifact.inference_precision_hint != "f16" else "f32"
+    try:
+        compiled = ov.Core().compile_model(artifact.model, device, openvino_config(hint, threads, device))
+    except Exception as err:  # OpenVINO raises RuntimeError with a long report
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise ConversionError(f"OpenVINO cannot compile the model for {device}: {first}") from err
+    request = compiled.create_infer_request()
+    if len(compiled.outputs) != len(output_names):
+        raise ConversionError(f"OpenVINO model has {len(compiled.outputs)} outputs, ONNX had {len(output_names)}")
+    static = all(not port.get_partial_shape().is_dynamic for port in compiled.inputs)
+    inputs = {port.get_any_name(): index for index, port in enumerate(compiled.inputs)}
+    outputs = [request.get_output_tensor(i) for i in range(len(output_names))] if static else []
+    in_tensors = {name: request.get_input_tensor(i) for name, i in inputs.items()} if static else {}
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if static:
+            for name, value in feeds.items():
+                in_tensors[name].data[...] = value
+            request.infer()
+            return {name: outputs[i].data.copy() for i, name in enumerate(output_names)}
+        request.infer(feeds, share_inputs=True)
+        return {name: request.get_output_tensor(i).data.copy() for i, name in enumerate(output_names)}
 
     return run
 
 
 def predict(runner: Runner, dataset: Dataset) -> dict[str, np.ndarray]:
-    return run_samples(runner, dataset)
-
-
-@dataclass(frozen=True)
-class Score:
-    metric: str
-    value: float
-
-
-def score(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], labels: np.ndarray | None) -> Score:
-    """Top-1 against labels when we have them, else argmax agreement with the FP32 reference."""
-    first = next(iter(reference))
-    got = outputs[first]
-    if labels is not None:
-        predicted = got.reshape(len(got), -1).argmax(axis=1)
-        return Score("top1", float(np.mean(predicted == labels)))
-    return Score("argmax-agreement", argmax_agreement(got, reference[first]))
+    try:
+        return run_samples(runner, dataset)
+    except ConversionError:
+        raise
+    except Exception as err:  # a runtime failing on real data is a candidate failure, not a crash
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise ConversionError(f"inference failed on the evaluation set: {first}") from err
 
 
 @dataclass(frozen=True)

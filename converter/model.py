@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,24 +77,58 @@ def load_model(path: Path) -> SourceModel:
     )
 
 
-def _graph_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """Every node, including those inside If/Loop/Scan subgraphs."""
-    nodes: list[onnx.NodeProto] = []
+def walk_nodes(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.NodeProto, str]]:
+    """Every node with where it sits: "" for the main graph, else e.g. "If_0/then_branch"."""
     for node in graph.node:
-        nodes.append(node)
+        yield node, where
         for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                nodes.extend(_graph_nodes(attr.g))
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    nodes.extend(_graph_nodes(sub))
-    return nodes
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                inner = f"{node.name or node.op_type}/{attr.name}"
+                yield from walk_nodes(sub, f"{where}/{inner}" if where else inner)
+
+
+def graph_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Every node, including those inside If/Loop/Scan subgraphs."""
+    return [node for node, _ in walk_nodes(graph)]
 
 
 def count_ops(proto: onnx.ModelProto) -> dict[str, int]:
     """Operator counts keyed `domain::op` for custom domains and plain `op` for the default one."""
     counts: dict[str, int] = {}
-    for node in _graph_nodes(proto.graph):
+    for node in graph_nodes(proto.graph):
         key = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
+
+
+@dataclass(frozen=True)
+class OpUse:
+    """One operator type as the model uses it: domain, the opset it is imported at, and where it occurs."""
+
+    domain: str
+    op_type: str
+    opset: int
+    count: int
+    in_subgraphs: int
+    subgraphs: list[str]
+
+
+def op_inventory(proto: onnx.ModelProto) -> list[OpUse]:
+    """Operators by domain and opset, counting those inside If/Loop/Scan bodies (and naming the bodies)."""
+    opsets = {(imp.domain or ""): int(imp.version) for imp in proto.opset_import}
+    found: dict[tuple[str, str], list[str]] = {}
+    for node, where in walk_nodes(proto.graph):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        found.setdefault((domain, node.op_type), []).append(where)
+    return [
+        OpUse(
+            domain=domain,
+            op_type=op,
+            opset=opsets.get(domain, 0),
+            count=len(places),
+            in_subgraphs=sum(1 for w in places if w),
+            subgraphs=sorted({w for w in places if w}),
+        )
+        for (domain, op), places in sorted(found.items())
+    ]

@@ -1,7 +1,8 @@
-"""Choosing a recipe: a pure function of what was measured and the profile's budget.
+"""Choosing a recipe: a pure function of what was built and measured, and the profile's budget.
 
-Keeps the fastest candidate inside the accuracy budget and the size limit, and says why every
-other candidate lost.
+Keeps the fastest candidate inside the accuracy budget and the size limit, and says why every other candidate
+lost. Candidates that could not be timed on this machine (their device is absent) are chosen by the profile's
+preference order instead, and the report says so.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class Candidate:
-    """One recipe measured on this machine. `error` is set when building or running it failed."""
+    """One recipe built (and, where the device is here, measured) on this machine.
+
+    `error` is set when building or running it failed; `gate` when it ran but missed the accuracy budget.
+    """
 
     name: str
     precision: str
@@ -21,6 +25,14 @@ class Candidate:
     latency_ms: float | None = None
     error: str | None = None
     rejected: str | None = None
+    format: str = "onnx"
+    provider: str = ""
+    measured: bool = True
+    gate: str | None = None
+    sqnr_db: float | None = None
+    max_abs: float | None = None
+    p90_ms: float | None = None
+    order: int = 0  # position in the profile's preference order (targets, then precisions)
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,8 @@ class Choice:
 
 
 def choose(candidates: list[Candidate], *, reference: float, max_drop: float, size_limit_bytes: int) -> Choice:
+    """The fastest measured candidate inside the budget; unmeasured ones win only when nothing was measured,
+    and then by preference order."""
     floor = reference - max_drop
     eligible: list[Candidate] = []
     rejected: list[Candidate] = []
@@ -42,20 +56,40 @@ def choose(candidates: list[Candidate], *, reference: float, max_drop: float, si
             eligible.append(cand)
     if not eligible:
         return Choice(None, rejected, floor)
-    eligible.sort(key=lambda c: (c.latency_ms, c.size_bytes))
+    measured = [c for c in eligible if c.measured and c.latency_ms is not None]
+    if measured:
+        measured.sort(key=lambda c: (c.latency_ms, c.size_bytes))
+        best = measured[0]
+        assert best.latency_ms is not None
+        for cand in eligible:
+            if cand is best:
+                continue
+            if cand.latency_ms is None:
+                rejected.append(replace(cand, rejected=f"not measured on this machine; {best.name} was"))
+                continue
+            ratio = cand.latency_ms / best.latency_ms
+            reason = (
+                f"slower: {cand.latency_ms:.3f} ms median vs {best.latency_ms:.3f} ms for {best.name} ({ratio:.2f}x)"
+            )
+            rejected.append(replace(cand, rejected=reason))
+        return Choice(best, rejected, floor)
+    eligible.sort(key=lambda c: c.order)
     best = eligible[0]
     for cand in eligible[1:]:
-        assert cand.latency_ms is not None and best.latency_ms is not None  # eligible ones are measured
-        ratio = cand.latency_ms / best.latency_ms
-        reason = f"slower: {cand.latency_ms:.3f} ms median vs {best.latency_ms:.3f} ms for {best.name} ({ratio:.2f}x)"
-        rejected.append(replace(cand, rejected=reason))
+        rejected.append(
+            replace(cand, rejected=f"latency not measurable here; {best.name} comes first in the profile's order")
+        )
     return Choice(best, rejected, floor)
 
 
 def _disqualification(cand: Candidate, floor: float, reference: float, max_drop: float, size_limit: int) -> str:
     if cand.error:
-        return f"failed: {cand.error}"
-    if cand.accuracy is None or cand.latency_ms is None:
+        return cand.error if cand.error.startswith("not suited") else f"failed: {cand.error}"
+    if cand.accuracy is None:
+        return "not measured"
+    if cand.gate:
+        return cand.gate
+    if cand.measured and cand.latency_ms is None:
         return "not measured"
     if cand.accuracy < floor - 1e-12:
         return (

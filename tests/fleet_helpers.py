@@ -42,7 +42,7 @@ class AgentProcess:
         self.cmd = [
             sys.executable, "-m", "edgefleet", "agent", "--broker", broker, "--device-id", device_id,
             "--state-dir", str(state_dir), "--profile", profile, "--trust", str(trust),
-            "--telemetry-interval", str(telemetry_interval), "--threads", "1", *extra,
+            "--telemetry-interval", str(telemetry_interval), "--threads", "1", "--http-port", "0", *extra,
         ]  # fmt: skip
         for group in groups:
             self.cmd += ["--group", group]

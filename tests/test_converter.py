@@ -26,7 +26,8 @@ def test_demo_bundles_carry_accuracy_latency_recipe_and_golden_set(demo_bundles:
         assert manifest.accuracy.metric == "top1" and manifest.accuracy.value >= 0.95
         assert manifest.accuracy.value >= manifest.accuracy.reference - manifest.accuracy.budget
         assert manifest.latency is not None and manifest.latency.median_ms > 0
-        assert manifest.recipe.name in ("fp32", "int8-static-qdq", "int8-static-qdq-reduce-range")
+        assert manifest.recipe.precision in ("fp32", "int8-static", "int8-dynamic")
+        assert (manifest.format, manifest.recipe.runtime) in (("onnx", "onnxruntime"), ("openvino-ir", "openvino"))
         assert manifest.inputs[0].name == "input" and manifest.opset == {"": 17}
         assert manifest.golden.count == 16
 
@@ -70,7 +71,8 @@ def test_an_impossible_budget_still_ships_fp32_when_it_is_the_reference(
         )
     )  # fmt: skip
     (result,) = results
-    assert result.recipe == "fp32" and result.accuracy == result.reference_accuracy
+    assert result.recipe is not None and result.recipe.endswith("fp32")
+    assert result.accuracy == result.reference_accuracy
 
 
 def _request(tmp_path: Path, key: SigningKey, **changes: object) -> ConvertRequest:

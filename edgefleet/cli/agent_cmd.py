@@ -10,6 +10,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from edgefleet.agent.config import AgentConfig
+from edgefleet.agent.selection import Policy
+from edgefleet.agent.service import ServiceConfig
 from edgefleet.cli.common import add_tls
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.topics import DEFAULT_PREFIX
@@ -37,6 +39,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--health-interval", type=float, default=30.0, help="seconds between health checks")
     parser.add_argument("--no-rollback", action="store_true", help="report an unhealthy bundle but keep it")
     parser.add_argument("--spool-max", type=int, default=10_000, help="telemetry/events kept while offline")
+    api = parser.add_argument_group("local inference API (HTTP on loopback or a Unix socket)")
+    api.add_argument("--http-port", type=int, default=8470, help="loopback TCP port (0: pick a free one)")
+    api.add_argument("--http-socket", type=Path, default=None, help="serve on this Unix socket instead of TCP")
+    api.add_argument("--no-http", action="store_true", help="no local API (remote calls over MQTT only)")
+    api.add_argument("--http-queue", type=int, default=64, help="requests waiting beyond this get 503")
+    api.add_argument("--http-max-body-mb", type=float, default=8.0, help="larger requests get 413")
+    choice = parser.add_argument_group("execution provider choice")
+    choice.add_argument(
+        "--prefer-provider",
+        action="append",
+        default=[],
+        metavar="P",
+        help="use P whenever it passes the golden set, even when slower (repeatable, in order)",
+    )
+    choice.add_argument("--exclude-provider", action="append", default=[], metavar="P", help="never use P")
+    choice.add_argument("--load-timeout", type=float, default=60.0, help="seconds before a loading provider is skipped")
     parser.set_defaults(func=cmd_agent)
 
 
@@ -74,4 +92,13 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         tls_ca=args.ca,
         tls_cert=args.cert,
         tls_key=args.key,
+        selection=Policy(prefer=args.prefer_provider, exclude=args.exclude_provider, load_timeout_s=args.load_timeout),
+        http=None
+        if args.no_http
+        else ServiceConfig(
+            port=args.http_port,
+            unix_socket=args.http_socket,
+            queue_size=args.http_queue,
+            max_body_bytes=int(args.http_max_body_mb * 2**20),
+        ),
     )

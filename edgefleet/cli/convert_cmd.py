@@ -6,8 +6,8 @@ import argparse
 import re
 from pathlib import Path
 
-from edgefleet.cli.common import add_json, default_key, fmt, print_json, print_table
-from edgefleet.core.errors import ConversionError
+from edgefleet.cli.common import add_json, default_key, edgefleet_home, fmt, print_json, print_table
+from edgefleet.core.errors import ConversionError, UserInputError
 from edgefleet.core.profiles import get_profile, load_profiles
 from edgefleet.core.signing import SigningKey
 
@@ -24,12 +24,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--model-version", dest="model_version", default="1", help="dotted integers, e.g. 3 or 1.2.0")
     parser.add_argument("--max-drop", type=float, default=None, help="accuracy budget override for every profile")
     parser.add_argument("--threads", type=int, default=1, help="inference threads while measuring latency")
+    parser.add_argument("--min-sqnr", type=float, default=None, help="SQNR floor (dB) override for non-classifiers")
+    parser.add_argument(
+        "--pin", action="append", default=[], metavar="INPUT=VALUE", help="declare an input constant, e.g. sr=16000"
+    )
+    parser.add_argument("--fix-dim", action="append", default=[], metavar="DIM=N", help="fix a symbolic dimension")
+    parser.add_argument(
+        "--input-shape", action="append", default=[], metavar="INPUT=D1,D2,..", help="fix an input's whole shape"
+    )
+    parser.add_argument("--runtime", action="append", default=None, help="only targets of this runtime (repeat)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default $EDGEFLEET_HOME/cache)")
+    parser.add_argument("--no-cache", action="store_true", help="build every candidate afresh")
     add_json(parser)
     parser.set_defaults(func=cmd_convert)
 
 
 def model_name_from(path: Path) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._")[:64] or "model"
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UserInputError(f"{what} {item!r}: write NAME=VALUE")
+        pairs[name] = value
+    return pairs
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError as err:
+        raise UserInputError(f"{what} {text!r}: not integers") from err
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -49,6 +77,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         version=args.model_version,
         max_drop=args.max_drop,
         threads=args.threads,
+        min_sqnr_db=args.min_sqnr,
+        pins=_pairs(args.pin, "--pin"),
+        fix_dims={k: _ints(v, "--fix-dim")[0] for k, v in _pairs(args.fix_dim, "--fix-dim").items()},
+        input_shapes={k: _ints(v, "--input-shape") for k, v in _pairs(args.input_shape, "--input-shape").items()},
+        runtimes=tuple(args.runtime) if args.runtime else None,
+        cache_dir=None if args.no_cache else (args.cache_dir or edgefleet_home() / "cache" / "convert"),
     )
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("converting", total=None)
@@ -72,6 +106,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 for r in results
             ],
         )
+        for r in results:
+            for note in r.notes:
+                print(f"  {r.profile}: {note}")
         for r in results:
             for c in r.candidates:
                 if c.get("rejected"):

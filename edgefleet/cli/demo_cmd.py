@@ -52,6 +52,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 for d in result.devices
             ],
         )
+        for d in result.devices:
+            others = "; ".join(f"{p}: {why}" for p, why in d.providers_not_chosen.items())
+            print(f"{d.device_id}: serves on {d.provider} ({d.provider_summary})" + (f"; {others}" if others else ""))
         for conv in result.conversion:
             for rejected in conv["rejected"]:
                 print(f"{conv['profile']}: chose {conv['recipe']}; rejected {rejected['name']}: {rejected['rejected']}")

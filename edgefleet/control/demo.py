@@ -45,6 +45,8 @@ class DemoDevice:
     profile: str
     bundle: str
     provider: str | None
+    provider_summary: str | None
+    providers_not_chosen: dict[str, str]
     verified: bool
     p50_ms: float | None
     p95_ms: float | None
@@ -99,6 +101,8 @@ def _agents(url: str, workdir: Path, public_key: Path) -> Iterator[list[subproce
                 "1",
                 "--threads",
                 "1",
+                "--http-port",
+                "0",
             ]
             if group:
                 cmd += ["--group", group]
@@ -229,6 +233,8 @@ def _device(row: DeviceRow, accuracy: float) -> DemoDevice:
         profile=row.profile or "?",
         bundle=row.bundle or "-",
         provider=row.provider,
+        provider_summary=row.provider_summary,
+        providers_not_chosen=row.providers_not_chosen,
         verified=row.verified,
         p50_ms=row.p50_ms,
         p95_ms=row.p95_ms,

@@ -23,6 +23,8 @@ class DeviceRow:
     bundle: str | None
     model: str | None
     provider: str | None
+    provider_summary: str | None
+    providers_not_chosen: dict[str, str]
     verified: bool
     p50_ms: float | None
     p95_ms: float | None
@@ -95,6 +97,8 @@ class FleetView:
                     bundle=status.active_bundle,
                     model=status.active_model,
                     provider=status.provider_in_use,
+                    provider_summary=status.provider_summary,
+                    providers_not_chosen=status.providers_not_chosen,
                     verified=status.verified,
                     p50_ms=tele.latency.p50_ms if tele else None,
                     p95_ms=tele.latency.p95_ms if tele else None,

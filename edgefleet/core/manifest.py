@@ -14,7 +14,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
 Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static"]
-Metric = Literal["top1", "argmax-agreement"]
+Metric = Literal["top1", "argmax-agreement", "sqnr-db"]
 
 
 class Frozen(BaseModel):
@@ -53,7 +53,10 @@ class Recipe(Frozen):
 
 
 class AccuracyReport(Frozen):
-    metric: Metric
+    metric: Metric = Field(
+        description="top1 (labels given), argmax-agreement with FP32 (classifiers), or sqnr-db: the lowest "
+        "signal-to-quantization-noise ratio over the float outputs (reference 120 = bit-exact)"
+    )
     value: float = Field(description="the bundle's score on the evaluation set")
     reference: float = Field(description="the FP32 source model's score on the same set")
     budget: float = Field(description="largest allowed drop below the reference")

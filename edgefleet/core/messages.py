@@ -72,6 +72,8 @@ class DeviceStatus(Message):
     active_bundle: str | None = None
     active_model: str | None = Field(default=None, description="name@version of the committed model")
     provider_in_use: str | None = None
+    provider_summary: str | None = Field(default=None, description="why the provider in use was chosen")
+    providers_not_chosen: dict[str, str] = Field(default_factory=dict, description="provider -> why not")
     verified: bool = Field(default=False, description="the active bundle passed signature and golden checks")
     last_error: str | None = None
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edgefleet.core.errors import UnknownNameError, UserInputError
 
@@ -18,6 +18,27 @@ PROFILES_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
 
 Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static"]
 Runtime = Literal["onnxruntime", "openvino", "coreml", "tensorrt", "onnxruntime-web"]
+BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
+
+# Provider names, by runtime: bare ONNX Runtime execution-provider names; `openvino:DEVICE` for the OpenVINO
+# runtime; `coreml:COMPUTE_UNITS` for the CoreML runtime; `web:BACKEND` for onnxruntime-web in a browser.
+ORT_PROVIDERS = frozenset(
+    {
+        "CPUExecutionProvider",
+        "CUDAExecutionProvider",
+        "TensorrtExecutionProvider",
+        "OpenVINOExecutionProvider",
+        "CoreMLExecutionProvider",
+        "DmlExecutionProvider",
+        "QNNExecutionProvider",
+        "XnnpackExecutionProvider",
+    }
+)
+_PREFIXED_PROVIDERS = {
+    "openvino": ("openvino:", frozenset({"CPU", "GPU", "NPU", "AUTO"})),
+    "coreml": ("coreml:", frozenset({"ALL", "CPU_AND_GPU", "CPU_AND_NE", "CPU_ONLY"})),
+    "onnxruntime-web": ("web:", frozenset({"wasm", "webgpu", "webnn"})),
+}
 
 
 class _Frozen(BaseModel):
@@ -33,18 +54,61 @@ class MatchRules(_Frozen):
     cpu_flags_any: list[str] = Field(default_factory=list, description="at least one of these flags")
     files: list[str] = Field(default_factory=list, description="files that must exist, e.g. /etc/nv_tegra_release")
     providers_any: list[str] = Field(default_factory=list, description="an available ORT execution provider")
+    cpu_vendor: list[str] = Field(
+        default_factory=list, description="/proc/cpuinfo vendor_id values, e.g. GenuineIntel; empty = any"
+    )
+    board_any: list[str] = Field(
+        default_factory=list,
+        description="substrings of the device-tree model (/proc/device-tree/model), e.g. 'Raspberry Pi 5'",
+    )
 
 
 class Target(_Frozen):
     """One way to run a model on this hardware; a profile lists them in preference order."""
 
     runtime: Runtime
-    format: Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
-    providers: list[str] = Field(description="execution providers / devices, in preference order")
-    precisions: list[Precision] = Field(min_length=1, description="precision recipes worth trying")
+    format: BundleFormat
+    providers: list[str] = Field(
+        min_length=1,
+        description="execution providers / devices, in preference order: ONNX Runtime EP names "
+        "(CPUExecutionProvider, ...), openvino:CPU|GPU|NPU|AUTO, coreml:ALL|..., web:wasm|webgpu|webnn",
+    )
+    precisions: list[Precision] = Field(min_length=1, description="precision recipes worth trying, best first")
     int8_reduce_range: bool = Field(
         default=False, description="7-bit weights for int8: avoids saturation on CPUs without VNNI"
     )
+    int8_activations: Literal["uint8", "int8"] = Field(
+        default="uint8",
+        description="INT8 static QDQ activation type: uint8 (U8S8, what x86 VNNI kernels fuse) or int8 (S8S8, ARM)",
+    )
+    inference_precision_hint: Literal["f32", "f16", "bf16"] | None = Field(
+        default=None,
+        description="OpenVINO INFERENCE_PRECISION_HINT the bundle pins (f32 stops CPUs with AVX-512 BF16 or AMX "
+        "from silently running FP32 models in bf16)",
+    )
+    static_shapes: bool = Field(
+        default=False, description="the runtime compiles for fixed input shapes (e.g. the Intel NPU)"
+    )
+
+    @model_validator(mode="after")
+    def _providers_fit_runtime(self) -> Target:
+        if self.runtime in ("onnxruntime", "tensorrt"):
+            # An ONNX file also runs on the OpenVINO runtime (it reads ONNX directly): the device may measure it.
+            also = _openvino_names() if self.format == "onnx" else set()
+            wrong = [p for p in self.providers if p not in ORT_PROVIDERS and p not in also]
+            if wrong:
+                raise ValueError(f"unknown ONNX Runtime providers {wrong}; known: {sorted(ORT_PROVIDERS)}")
+            return self
+        prefix, devices = _PREFIXED_PROVIDERS[self.runtime]
+        wrong = [p for p in self.providers if not p.startswith(prefix) or p[len(prefix) :] not in devices]
+        if wrong:
+            raise ValueError(f"{self.runtime} providers must be {prefix}{{{','.join(sorted(devices))}}}, not {wrong}")
+        return self
+
+
+def _openvino_names() -> set[str]:
+    prefix, devices = _PREFIXED_PROVIDERS["openvino"]
+    return {prefix + device for device in devices}
 
 
 class OpsetRange(_Frozen):
@@ -60,6 +124,12 @@ class OpsetRange(_Frozen):
 
 class AccuracyBudget(_Frozen):
     max_drop: float = Field(ge=0, le=1, description="largest allowed drop of top-1 / agreement vs FP32")
+    min_sqnr_db: float = Field(
+        default=30.0,
+        ge=0,
+        description="for outputs that are not class scores: lowest allowed signal-to-quantization-noise ratio "
+        "(dB) of every float output against the FP32 reference",
+    )
 
 
 class Profile(_Frozen):
@@ -73,6 +143,15 @@ class Profile(_Frozen):
     accuracy_budget: AccuracyBudget
     size_limit_mb: float = Field(gt=0)
     intra_op_threads: int = Field(default=0, ge=0, description="threads the device gives inference; 0 = all")
+    sources: list[str] = Field(default_factory=list, description="vendor documentation the values come from")
+
+    @field_validator("targets")
+    @classmethod
+    def _distinct_targets(cls, targets: list[Target]) -> list[Target]:
+        seen = [(t.runtime, t.format, tuple(t.providers)) for t in targets]
+        if len(set(seen)) != len(seen):
+            raise ValueError("two targets with the same runtime, format and providers")
+        return targets
 
     @property
     def specificity(self) -> int:
@@ -84,6 +163,8 @@ class Profile(_Frozen):
             + 2 * len(rules.files)
             + min(1, len(rules.providers_any))
             + min(1, len(rules.os))
+            + min(1, len(rules.cpu_vendor))
+            + 2 * min(1, len(rules.board_any))
         )
 
 
@@ -124,17 +205,29 @@ class HostFacts:
     existing_files: frozenset[str] = frozenset()
     providers: frozenset[str] = frozenset()
     notes: tuple[str, ...] = field(default=())
+    cpu_vendor: str = ""
+    board: str = ""
 
     @classmethod
     def probe(cls, watched_files: Iterable[str] = ()) -> HostFacts:
         flags: set[str] = set()
+        vendor = ""
         try:
             for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("vendor_id") and not vendor:
+                    vendor = line.split(":", 1)[1].strip()
                 if line.startswith(("flags", "Features")):
                     flags.update(line.split(":", 1)[1].split())
                     break
         except OSError:
             pass
+        board = ""
+        for model_file in ("/proc/device-tree/model", "/sys/firmware/devicetree/base/model"):
+            try:
+                board = Path(model_file).read_bytes().rstrip(b"\x00").decode("utf-8", "replace").strip()
+                break
+            except OSError:
+                continue
         try:
             import onnxruntime
 
@@ -147,6 +240,8 @@ class HostFacts:
             cpu_flags=frozenset(flags),
             existing_files=frozenset(f for f in watched_files if Path(f).exists()),
             providers=providers,
+            cpu_vendor=vendor,
+            board=board,
         )
 
 
@@ -167,6 +262,10 @@ def match_reasons(profile: Profile, facts: HostFacts) -> list[str]:
         misses.append(f"missing {', '.join(absent)}")
     if rules.providers_any and not facts.providers.intersection(rules.providers_any):
         misses.append(f"no provider among {', '.join(rules.providers_any)}")
+    if rules.cpu_vendor and facts.cpu_vendor not in rules.cpu_vendor:
+        misses.append(f"CPU vendor {facts.cpu_vendor or 'unknown'} not in {rules.cpu_vendor}")
+    if rules.board_any and not any(b in facts.board for b in rules.board_any):
+        misses.append(f"board {facts.board or 'unknown'!r} is none of {rules.board_any}")
     return misses
 
 

@@ -56,7 +56,8 @@ class Dataset:
         return len(next(iter(self.inputs.values())))
 
     def sample(self, index: int) -> dict[str, np.ndarray]:
-        return {name: array[index] for name, array in self.inputs.items()}
+        # np.asarray: indexing a 1-d array gives a numpy scalar, which runtimes refuse for 0-d inputs.
+        return {name: np.asarray(array[index]) for name, array in self.inputs.items()}
 
     def samples(self) -> Iterator[dict[str, np.ndarray]]:
         for index in range(len(self)):

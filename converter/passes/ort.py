@@ -1,9 +1,8 @@
-"""Graph passes: pure functions (model file in, new model file out; the input is never touched).
+"""ONNX Runtime's BASIC graph optimizations, saved offline.
 
-Each pass writes portable ONNX: ORT's EXTENDED and LAYOUT levels emit `com.microsoft` fused ops that
-other runtimes cannot read, so only the BASIC level (constant folding, redundant Identity/Cast/
-Transpose removal, Conv+BatchNorm / Conv+Add / Conv+Mul fusion) is saved to disk. The runtime on the
-device applies the hardware-specific fusions itself when it loads the model.
+Only BASIC is saved: ORT's EXTENDED and LAYOUT levels emit `com.microsoft` fused ops that other runtimes
+cannot read. BASIC does constant folding, redundant Identity/Cast/Transpose removal and Conv+BatchNorm /
+Conv+Add / Conv+Mul fusion; the device's runtime applies the hardware-specific fusions when it loads the model.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from edgefleet.converter.model import STANDARD_DOMAINS, count_ops
+from edgefleet.converter.model import STANDARD_DOMAINS, count_ops, graph_nodes
 from edgefleet.core.errors import ConversionError
 
 
@@ -32,8 +31,9 @@ class PassResult:
 
 
 def optimize_portable(source: Path, out: Path) -> PassResult:
-    """Constant folding, cleanup and Conv+BN fusion via ORT's BASIC offline optimization."""
-    before = count_ops(onnx.load(str(source), load_external_data=False))
+    """Constant folding, cleanup and Conv+BN fusion via ORT's BASIC offline optimization (file in, file out)."""
+    model = onnx.load(str(source), load_external_data=False)
+    before = count_ops(model)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(out)
@@ -43,12 +43,8 @@ def optimize_portable(source: Path, out: Path) -> PassResult:
     except Exception as err:  # onnxruntime raises its own untyped exceptions
         raise ConversionError(f"onnxruntime cannot load {source.name} for optimization: {err}") from err
     optimized = onnx.load(str(out))
-    foreign = sorted({n.domain for n in optimized.graph.node} - STANDARD_DOMAINS - _custom(source))
+    custom = {imp.domain for imp in model.opset_import} - STANDARD_DOMAINS
+    foreign = sorted({n.domain for n in graph_nodes(optimized.graph)} - STANDARD_DOMAINS - custom)
     if foreign:
         raise ConversionError(f"optimization introduced non-portable domains {foreign}")
     return PassResult(out, before, count_ops(optimized))
-
-
-def _custom(source: Path) -> set[str]:
-    model = onnx.load(str(source), load_external_data=False)
-    return {imp.domain for imp in model.opset_import} - STANDARD_DOMAINS

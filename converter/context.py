@@ -1,0 +1,42 @@
+"""What one conversion shares across profiles: the source, the data, the FP32 reference, caches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgefleet.converter.accuracy import Budget, MetricPlan, Score, gate, score
+from edgefleet.converter.cache import BuildCache
+from edgefleet.converter.model import SourceModel
+from edgefleet.converter.passes.graph import FixDimsConfig
+from edgefleet.core.tensors import Dataset
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Context:
+    source: SourceModel
+    pins: dict[str, np.ndarray]
+    user_dims: FixDimsConfig
+    calib: Dataset  # keyed by the inputs that remain after pinning
+    evaluation: Dataset
+    reference: dict[str, np.ndarray]  # FP32 source outputs on the evaluation set
+    plan: MetricPlan
+    ref_value: float
+    data_sha: dict[str, str]
+    threads: int
+    work: Path
+    cache: BuildCache | None
+    progress: Progress
+    memo: dict[str, Any] = field(default_factory=dict)  # prepared models and built candidates, by key
+
+    def score(self, outputs: dict[str, np.ndarray]) -> Score:
+        return score(outputs, self.reference, self.evaluation.labels, self.plan)
+
+    def gate(self, result: Score, budget: Budget) -> str | None:
+        return gate(result, self.ref_value, budget)

@@ -1,0 +1,132 @@
+"""The conversion report beside the bundles: JSON, an HTML page, and a latency-vs-accuracy plot per profile.
+
+Files are written to a temporary name and renamed, so `out` never holds half a report.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.converter.model import SourceModel
+
+if TYPE_CHECKING:
+    from edgefleet.converter.build import ConvertRequest, ProfileResult
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_report(
+    request: ConvertRequest, source: SourceModel, metric: str, results: list[ProfileResult], work: Path
+) -> dict[str, Path]:
+    stem = f"{request.name}-{request.version}"
+    document: dict[str, Any] = {
+        "model": str(request.model),
+        "source_sha256": source.sha256,
+        "name": request.name,
+        "version": request.version,
+        "metric": metric,
+        "threads": request.threads,
+        "profiles": [asdict(r) for r in results],
+    }
+    written = {"json": request.out / f"{stem}.report.json"}
+    _atomic_write(written["json"], json.dumps(document, indent=2, default=str).encode("utf-8"))
+    plots: dict[str, str] = {}
+    for result in results:
+        png = _plot(result, metric, work)
+        if png is not None:
+            target = request.out / f"{stem}-{result.profile}.png"
+            _atomic_write(target, png.read_bytes())
+            plots[result.profile] = target.name
+            written[f"png:{result.profile}"] = target
+    written["html"] = request.out / f"{stem}.report.html"
+    _atomic_write(written["html"], _html(document, plots).encode("utf-8"))
+    return written
+
+
+def _plot(result: ProfileResult, metric: str, work: Path) -> Path | None:
+    points = [c for c in result.candidates if c.get("latency_ms") is not None and c.get("accuracy") is not None]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    for cand in points:
+        chosen = cand["name"] == result.recipe
+        missed = str(cand.get("rejected") or "").startswith(("accuracy", "SQNR"))
+        ax.scatter(
+            [float(cand["latency_ms"])],  # type: ignore[arg-type]
+            [float(cand["accuracy"])],  # type: ignore[arg-type]
+            marker="*" if chosen else ("x" if missed else "o"),
+            s=160 if chosen else 50,
+            color="tab:green" if chosen else "tab:blue",
+        )
+        ax.annotate(str(cand["name"]), (cand["latency_ms"], cand["accuracy"]), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")  # fmt: skip
+    ax.set_xlabel("median latency (ms, this machine)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{result.profile}: latency vs {metric}")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path = work / f"plot-{result.profile}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _cell(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return html.escape(str(value))
+
+
+def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>edgefleet conversion: {html.escape(document['name'])} {html.escape(document['version'])}</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}.win{background:#e6f4e6}</style></head><body>",
+        f"<h1>{html.escape(document['name'])} {html.escape(document['version'])}</h1>",
+        f"<p>source {html.escape(document['model'])} (sha256 {document['source_sha256'][:16]}…), metric "
+        f"<b>{html.escape(document['metric'])}</b>, {document['threads']} inference thread(s)</p>",
+    ]
+    for profile in document["profiles"]:
+        verdict = (
+            f"bundle <code>{html.escape(Path(profile['bundle']).name)}</code>: {_cell(profile['recipe'])}"
+            if profile["bundle"]
+            else f"no bundle: {_cell(profile['error'])}"
+        )
+        parts.append(f"<h2>{html.escape(profile['profile'])}</h2><p>{verdict}</p>")
+        if profile["notes"]:
+            parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in profile["notes"]) + "</ul>")
+        if profile["profile"] in plots:
+            parts.append(f"<img src='{html.escape(plots[profile['profile']])}' alt='latency vs accuracy'>")
+        if profile["candidates"]:
+            parts.append(
+                "<table><tr><th>candidate</th><th>runtime</th><th>provider</th><th>precision</th><th>accuracy</th>"
+                "<th>SQNR dB</th><th>median ms</th><th>size KB</th><th>why it lost</th></tr>"
+            )
+            for c in profile["candidates"]:
+                cls = " class='win'" if c["name"] == profile["recipe"] else ""
+                size = c["size_bytes"] / 1e3 if c["size_bytes"] else None
+                parts.append(
+                    f"<tr{cls}><td>{_cell(c['name'])}</td><td>{_cell(c['runtime'])}</td><td>{_cell(c['provider'])}</td>"
+                    f"<td>{_cell(c['precision'])}</td><td>{_cell(c['accuracy'])}</td><td>{_cell(c['sqnr_db'], 1)}</td>"
+                    f"<td>{_cell(c['latency_ms'])}</td><td>{_cell(size, 1)}</td><td>{_cell(c['rejected'])}</td></tr>"
+                )
+            parts.append("</table>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,47 @@
+"""`edgefleet inspect MODEL [--profile P…] [--json]`: operators, signature, and per-profile verdicts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from edgefleet.cli.common import add_json, print_json, print_table
+from edgefleet.core.profiles import get_profile, load_profiles
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("inspect", help="what a model contains and what each profile's runtimes cannot run")
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--profile", action="append", default=None, help="repeat for several (default: every one)")
+    add_json(parser)
+    parser.set_defaults(func=cmd_inspect)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from edgefleet.converter.inspection import inspect_model
+
+    profiles = [get_profile(n) for n in args.profile] if args.profile else list(load_profiles().values())
+    report = inspect_model(args.model, profiles)
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"{report.model}: opsets {report.opsets}, {report.subgraph_ops} nodes inside If/Loop/Scan bodies")
+    for role, specs in (("input", report.inputs), ("output", report.outputs)):
+        for spec in specs:
+            shape = ["?" if d is None else d for d in spec.shape]
+            print(f"  {role} {spec.name}: {spec.dtype} {shape}")
+    if report.custom_domains:
+        print(f"  custom domains: {report.custom_domains}")
+    print_table(
+        "operators",
+        ["domain", "op", "opset", "count", "in subgraphs"],
+        [(u.domain or "ai.onnx", u.op_type, u.opset, u.count, u.in_subgraphs) for u in report.operators],
+    )
+    rows = []
+    for verdict in report.profiles:
+        for target in verdict.targets:
+            cannot = "; ".join(f"{u.op} ({u.reason})" for u in target.unsupported)
+            notes = "; ".join(verdict.notes + target.notes)
+            rows.append((verdict.profile, f"{target.runtime}/{target.format}", target.verdict, cannot, notes))
+    print_table("profiles", ["profile", "target", "verdict", "cannot run", "notes"], rows)
+    return 0

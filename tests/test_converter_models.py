@@ -1,0 +1,170 @@
+"""The converter on real models: silero-vad (If subgraphs, scalar input, recurrent state), a scikit-learn
+pipeline (ai.onnx.ml ops), a CNN with dynamic height and width; and bad input refused in one clear line."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+from typing import get_args
+
+import numpy as np
+import pytest
+
+from edgefleet.converter.build import ConvertRequest, ProfileResult, convert
+from edgefleet.core.bundle import parse_manifest, read_signed_manifest
+from edgefleet.core.errors import DataError, ModelError, UserInputError
+from edgefleet.core.manifest import Metric
+from edgefleet.core.profiles import get_profile
+from edgefleet.core.signing import SigningKey
+
+from fleet_helpers import DIGITS
+
+TESTBED = Path(__file__).resolve().parent.parent / "models" / "testbed"
+SQNR_IN_MANIFEST = "sqnr-db" in get_args(Metric)
+
+
+def silero() -> Path:
+    return Path(str(importlib.resources.files("silero_vad") / "data" / "silero_vad.onnx"))
+
+
+def _convert(
+    tmp_path: Path, key: SigningKey, model: Path, stem: str, profiles: list[str], **extra
+) -> list[ProfileResult]:  # type: ignore[no-untyped-def]
+    return convert(
+        ConvertRequest(
+            model=model, profiles=[get_profile(p) for p in profiles], calib=TESTBED / f"{stem}_calib.npz",
+            eval=TESTBED / f"{stem}_eval.npz", out=tmp_path / "out", key=key, name=stem.replace("_", "-"),
+            version="1", **extra,
+        )
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_silero_pinned_reaches_openvino_and_gates_int8_by_sqnr(tmp_path: Path, signing_key: SigningKey) -> None:
+    (result,) = _convert(tmp_path, signing_key, silero(), "silero", ["intel-x86-vnni"], pins={"sr": "16000"})
+    assert result.metric == "sqnr-db"
+    names = {c["name"]: c for c in result.candidates}
+    # Pinning sr and fixing the shapes from the data is what lets OpenVINO compile it.
+    assert names["ov-static-fp32"]["error"] is None and names["ov-static-fp32"]["sqnr_db"] > 60
+    assert "cannot compile" in str(names["ov-fp32"]["error"])
+    int8 = [c for n, c in names.items() if "int8-static" in n or "nncf" in n]
+    assert int8 and all(c["error"] or "SQNR" in str(c["rejected"]) for c in int8)
+    assert result.recipe is not None and result.recipe.endswith("fp32")
+    if SQNR_IN_MANIFEST:
+        assert result.bundle is not None
+        manifest = parse_manifest(read_signed_manifest(Path(result.bundle)).manifest_json)
+        assert [i.name for i in manifest.inputs] == ["input", "state"]  # sr is pinned inside the model
+        assert manifest.recipe.passes[0].name == "pin-inputs"
+        if manifest.format == "openvino-ir":
+            assert {f.path for f in manifest.files} >= {"model/model.xml", "model/model.bin"}
+            assert manifest.recipe.passes[-1].params["inference_precision_hint"] == "f32"
+    else:
+        assert result.bundle is None and "no metric 'sqnr-db'" in (result.error or "")
+    report = json.loads((tmp_path / "out" / "silero-1.report.json").read_text())
+    assert report["metric"] == "sqnr-db" and (tmp_path / "out" / "silero-1.report.html").exists()
+    assert (tmp_path / "out" / "silero-1-intel-x86-vnni.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_silero_unpinned_gets_a_clear_openvino_verdict(tmp_path: Path, signing_key: SigningKey) -> None:
+    (result,) = _convert(tmp_path, signing_key, silero(), "silero", ["intel-x86-vnni"], runtimes=("openvino",))
+    assert result.bundle is None
+    errors = " ".join(str(c["error"]) for c in result.candidates)
+    assert "OpenVINO cannot" in errors and "Conv-16" in errors
+
+
+@pytest.mark.slow
+def test_sklearn_pipeline_ships_on_onnxruntime_and_says_why_not_openvino(
+    tmp_path: Path, signing_key: SigningKey
+) -> None:
+    results = _convert(tmp_path, signing_key, TESTBED / "sklearn_digits.onnx", "sklearn",
+                       ["intel-x86-vnni", "intel-npu", "apple-silicon", "jetson-orin-nano"])  # fmt: skip
+    by = {r.profile: r for r in results}
+    vnni = by["intel-x86-vnni"]
+    assert vnni.metric == "top1" and vnni.bundle and vnni.runtime == "onnxruntime" and vnni.accuracy > 0.85
+    ov_errors = [c["error"] for c in vnni.candidates if c["runtime"] == "openvino"]
+    assert ov_errors and all("TreeEnsembleClassifier" in str(e) for e in ov_errors)
+    assert by["intel-npu"].bundle is None and "no candidate" in (by["intel-npu"].error or "")
+    assert by["apple-silicon"].bundle and not by["apple-silicon"].measured
+    assert "TensorRT bundles" in (by["jetson-orin-nano"].error or "")
+
+
+@pytest.mark.slow
+def test_dynamic_hw_cnn_gets_static_shapes_for_the_npu(tmp_path: Path, signing_key: SigningKey) -> None:
+    results = _convert(tmp_path, signing_key, TESTBED / "dynamic_cnn.onnx", "dynamic_cnn",
+                       ["intel-x86-vnni", "intel-npu"])  # fmt: skip
+    by = {r.profile: r for r in results}
+    assert by["intel-x86-vnni"].bundle and by["intel-x86-vnni"].accuracy > 0.95
+    npu = by["intel-npu"]
+    assert npu.bundle and npu.format == "openvino-ir" and not npu.measured
+    manifest = parse_manifest(read_signed_manifest(Path(npu.bundle)).manifest_json)
+    assert manifest.inputs[0].shape == [1, 1, 8, 8] and manifest.latency is None
+    assert manifest.providers == ["openvino:NPU"]
+    vnni = parse_manifest(read_signed_manifest(Path(by["intel-x86-vnni"].bundle)).manifest_json)
+    assert vnni.inputs[0].shape[2:] in (["height", "width"], [8, 8])
+
+
+def test_profiles_this_converter_cannot_build_get_a_verdict(tmp_path: Path, signing_key: SigningKey) -> None:
+    results = convert(
+        ConvertRequest(
+            model=DIGITS / "digits_cnn.onnx", profiles=[get_profile(p) for p in ("jetson-agx-orin", "browser-wasm")],
+            calib=DIGITS / "calib.npz", eval=DIGITS / "eval.npz", out=tmp_path / "out", key=signing_key,
+            name="digits", version="1",
+        )
+    )  # fmt: skip
+    assert [r.bundle for r in results] == [None, None]
+    assert "TensorRT bundles" in (results[0].error or "") and "onnxruntime-web" in (results[1].error or "")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["digits-1.report.html", "digits-1.report.json"]
+
+
+def _request(tmp_path: Path, key: SigningKey, **changes: object) -> ConvertRequest:
+    fields: dict = dict(
+        model=DIGITS / "digits_cnn.onnx", profiles=[get_profile("generic-x86-64")], calib=DIGITS / "calib.npz",
+        eval=DIGITS / "eval.npz", out=tmp_path / "out", key=key, name="digits", version="1",
+    )  # fmt: skip
+    fields.update(changes)
+    return ConvertRequest(**fields)
+
+
+@pytest.mark.parametrize(
+    ("calib", "error", "message"),
+    [
+        ({"input": np.zeros((4, 1, 1, 8, 8), np.float64)}, DataError, "dtype float64 but the model wants float32"),
+        ({"input": np.zeros((4, 1, 1, 9, 9), np.float32)}, DataError, "dimension 2 is 9, the model wants 8"),
+        ({"input": np.zeros((0, 1, 1, 8, 8), np.float32)}, DataError, "holds no samples"),
+    ],
+)
+def test_bad_data_is_one_clear_error_and_nothing_is_written(
+    tmp_path: Path, signing_key: SigningKey, calib: dict, error: type, message: str
+) -> None:
+    path = tmp_path / "data.npz"
+    np.savez(path, **calib)
+    with pytest.raises(error, match=message):
+        convert(_request(tmp_path, signing_key, calib=path))
+    with pytest.raises(error, match=message):
+        convert(_request(tmp_path, signing_key, eval=path))
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_pins_and_versions_are_refused(tmp_path: Path, signing_key: SigningKey) -> None:
+    with pytest.raises(UserInputError, match=r"cannot pin 'sr': the model's inputs are \['input'\]"):
+        convert(_request(tmp_path, signing_key, pins={"sr": "16000"}))
+    with pytest.raises(UserInputError, match="invalid model version"):
+        convert(_request(tmp_path, signing_key, version="v1"))
+    truncated = tmp_path / "cut.onnx"
+    truncated.write_bytes((DIGITS / "digits_cnn.onnx").read_bytes()[:3000])
+    with pytest.raises(ModelError):
+        convert(_request(tmp_path, signing_key, model=truncated))
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cache_reuses_builds_across_runs(tmp_path: Path, signing_key: SigningKey) -> None:
+    cache = tmp_path / "cache"
+    first = convert(_request(tmp_path, signing_key, cache_dir=cache, out=tmp_path / "a"))
+    entries = sorted(p.name for p in cache.glob("*/*"))
+    second = convert(_request(tmp_path, signing_key, cache_dir=cache, out=tmp_path / "b"))
+    assert entries and sorted(p.name for p in cache.glob("*/*")) == entries
+    assert [c["accuracy"] for c in first[0].candidates if c["name"].endswith("u8s8-reduce-range")] == [
+        c["accuracy"] for c in second[0].candidates if c["name"].endswith("u8s8-reduce-range")
+    ]

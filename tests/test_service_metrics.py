@@ -1,0 +1,64 @@
+"""Latency histogram: fixed buckets, percentile estimates, thread safety, exposition."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from edgefleet.agent.metrics import Exposition, Histogram, ServiceMetrics
+
+
+def test_percentiles_from_buckets_track_the_real_ones() -> None:
+    values = np.random.default_rng(1).lognormal(mean=-3.0, sigma=0.6, size=20_000)  # ms, around 0.05
+    histogram = Histogram()
+    for value in values:
+        histogram.observe(float(value))
+    estimates = histogram.snapshot().percentiles()
+    for estimate, exact in zip(estimates, np.percentile(values, [50, 95, 99]), strict=True):
+        assert estimate is not None and abs(estimate - exact) / exact < 0.2
+
+
+def test_an_empty_histogram_has_no_percentiles_and_one_value_is_exact() -> None:
+    histogram = Histogram()
+    assert histogram.snapshot().percentiles() == (None, None, None)
+    histogram.observe(3.3)
+    assert histogram.snapshot().percentiles() == (3.3, 3.3, 3.3)
+    histogram.observe(99_999.0)  # beyond the last bucket: +Inf, clamped to the largest value seen
+    assert histogram.snapshot().quantile(1.0) == 99_999.0
+
+
+def test_observations_from_many_threads_are_all_counted() -> None:
+    histogram = Histogram()
+
+    def worker() -> None:
+        for _ in range(5000):
+            histogram.observe(0.1)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    snap = histogram.snapshot(reset=True)
+    assert snap.count == 40_000 and sum(snap.counts) == 40_000
+    assert histogram.snapshot().count == 0
+
+
+def test_bucket_bounds_must_increase() -> None:
+    with pytest.raises(ValueError):
+        Histogram([1.0, 0.5])
+
+
+def test_exposition_escapes_labels_and_writes_cumulative_buckets_in_seconds() -> None:
+    metrics = ServiceMetrics(bounds_ms=[1.0, 10.0])
+    metrics.observe('we"ird\\model', "b-1", "openvino:CPU", 0.5)
+    metrics.observe('we"ird\\model', "b-1", "openvino:CPU", 5.0)
+    text = metrics.exposition()
+    assert 'model="we\\"ird\\\\model"' in text
+    assert 'le="0.001"} 1' in text and 'le="0.01"} 2' in text and 'le="+Inf"} 2' in text
+    assert "edgefleet_inference_latency_seconds_sum" in text and text.endswith("\n")
+    page = Exposition()
+    page.family("x_total", "counter", "a\nb")
+    assert page.text() == "# HELP x_total a b\n# TYPE x_total counter\n"
