@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from test_runtime_support import DIGITS_MODEL
 
 from edgefleet.agent import backends
 from edgefleet.agent.backends import CancelToken, LoadOptions, availability, backend_for, optional_import
 from edgefleet.core.errors import UnknownNameError
+
+from test_runtime_support import DIGITS_MODEL
 
 PROVIDERS = sorted({(b.key, p) for b in backends.backends() for p in b.known_providers})
 SAMPLES = np.random.default_rng(0).random((4, 1, 1, 8, 8), dtype=np.float32)

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_runtime_support import golden, symbolic_batch, unpack, with_providers
 
 from edgefleet.agent.runtime import LoadedModel
 from edgefleet.core.bundle import describe_files
 from edgefleet.core.errors import DataError
 from edgefleet.core.manifest import Manifest
+
+from test_runtime_support import golden, symbolic_batch, unpack, with_providers
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_runtime_support import FaultBackend, unpack, with_providers
 
 from edgefleet.agent.backends import registered
 from edgefleet.agent.runtime import LoadedModel
 from edgefleet.agent.selection import CACHE_FILE, NoProviderError, Policy
 from edgefleet.core.manifest import Manifest
+
+from test_runtime_support import FaultBackend, unpack, with_providers
 
 CPU, OV = "CPUExecutionProvider", "openvino:CPU"
 REPO = Path(__file__).resolve().parent.parent

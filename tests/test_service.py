@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_runtime_support import golden, symbolic_batch, unpack
 
 from edgefleet.agent.runtime import LoadedModel
 from edgefleet.agent.service import InferenceService, ServiceConfig
+
+from test_runtime_support import golden, symbolic_batch, unpack
 
 INFER = "/v1/models/digits-cnn/infer"
 

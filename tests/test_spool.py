@@ -45,12 +45,14 @@ def test_health_table() -> None:
     common = {"files_reason": "", "max_failure_ratio": 0.5, "min_requests": 20}
     assert judge_health(files_ok=True, golden=GOOD, failure_ratio=0.0, requests_seen=0, **common).healthy
     assert not judge_health(files_ok=False, golden=GOOD, failure_ratio=0, requests_seen=0, **common).healthy
-    assert "golden set no longer passes" in judge_health(
-        files_ok=True, golden=BAD, failure_ratio=0, requests_seen=0, **common
-    ).reason
+    assert (
+        "golden set no longer passes"
+        in judge_health(files_ok=True, golden=BAD, failure_ratio=0, requests_seen=0, **common).reason
+    )
     assert judge_health(files_ok=True, golden=GOOD, failure_ratio=1.0, requests_seen=5, **common).healthy, (
         "too few requests to judge"
     )
-    assert "60% of the last 20 requests failed" in judge_health(
-        files_ok=True, golden=GOOD, failure_ratio=0.6, requests_seen=20, **common
-    ).reason
+    assert (
+        "60% of the last 20 requests failed"
+        in judge_health(files_ok=True, golden=GOOD, failure_ratio=0.6, requests_seen=20, **common).reason
+    )
