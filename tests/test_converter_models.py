@@ -16,7 +16,7 @@ from edgefleet.core.errors import DataError, ModelError, UserInputError
 from edgefleet.core.profiles import get_profile
 from edgefleet.core.signing import SigningKey
 
-from fleet_helpers import DIGITS
+from fleet_helpers import DIGITS, deploy_to
 
 TESTBED = Path(__file__).resolve().parent.parent / "models" / "testbed"
 
@@ -38,7 +38,14 @@ def _convert(
 
 
 @pytest.mark.slow
-def test_silero_pinned_reaches_openvino_and_gates_int8_by_sqnr(tmp_path: Path, signing_key: SigningKey) -> None:
+def test_silero_pinned_reaches_openvino_gates_int8_by_sqnr_and_serves_on_an_agent(
+    tmp_path: Path,
+    signing_key: SigningKey,
+    start_agent,
+    host,
+    topics,
+    watcher,  # type: ignore[no-untyped-def]
+) -> None:
     (result,) = _convert(tmp_path, signing_key, silero(), "silero", ["intel-x86-vnni"], pins={"sr": "16000"})
     assert result.metric == "sqnr-db"
     names = {c["name"]: c for c in result.candidates}
@@ -56,6 +63,11 @@ def test_silero_pinned_reaches_openvino_and_gates_int8_by_sqnr(tmp_path: Path, s
     if manifest.format == "openvino-ir":
         assert {f.path for f in manifest.files} >= {"model/model.xml", "model/model.bin"}
         assert manifest.recipe.passes[-1].params["inference_precision_hint"] == "f32"
+    # The device runs what the converter chose, with the provider it measures best (OpenVINO for IR).
+    start_agent("dev-silero")
+    bundle_id = deploy_to(host, topics, Path(result.bundle), devices=("dev-silero",))
+    status = watcher.serving("dev-silero", bundle_id, timeout=60)
+    assert status.provider_in_use in manifest.providers
     report = json.loads((tmp_path / "out" / "silero-1.report.json").read_text())
     assert report["metric"] == "sqnr-db" and (tmp_path / "out" / "silero-1.report.html").exists()
     assert (tmp_path / "out" / "silero-1-intel-x86-vnni.png").read_bytes()[:4] == b"\x89PNG"
