@@ -23,39 +23,41 @@ Dynamic batching is not done: requests run one by one on the runtime's own threa
 from __future__ import annotations
 
 import contextlib
-import io
 import ipaddress
 import json
 import logging
 import os
-import re
 import socket
 import socketserver
 import stat
 import threading
 import time
-import zipfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from email.utils import formatdate
-from http import HTTPStatus
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgefleet.agent.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from edgefleet.agent.http_server import RequestHandler, TCPServer, TCPServer6, UnixServer
 from edgefleet.agent.metrics import ServiceMetrics
+from edgefleet.agent.wire import (
+    JSON,
+    NPY,
+    NPZ,
+    Decoded,
+    RequestError,
+    answer_format,
+    decode_body,
+    encode_outputs,
+    load_npy,
+    save_npy,
+    tensor_json,
+)
 from edgefleet.core.errors import DataError
 from edgefleet.core.manifest import Manifest
 
 log = logging.getLogger(__name__)
-
-JSON, NPZ, NPY = "application/json", "application/x-npz", "application/x-npy"
-_INFER = re.compile(r"^/v1/models/([A-Za-z0-9._-]{1,64})/infer$")
-_MODEL = re.compile(r"^/v1/models/([A-Za-z0-9._-]{1,64})$")
-_DTYPE_KINDS = "biuf"  # bool, signed, unsigned, float: what a model input can be
 
 
 class ServedModel(Protocol):
@@ -85,155 +87,6 @@ class ServiceConfig(BaseModel):
     queue_size: int = Field(default=64, ge=0, description="requests waiting for a slot; beyond that 503")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a slot before 503")
     keep_alive_s: float = Field(default=30.0, gt=0, description="idle keep-alive connections close after this")
-
-
-class RequestError(Exception):
-    """An answer other than 200, with the error kind it is counted under."""
-
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.message = status, kind, message
-
-
-@dataclass(frozen=True)
-class Decoded:
-    feeds: dict[str, np.ndarray]
-    format: str  # JSON, NPZ or NPY
-
-
-def decode_body(body: bytes, content_type: str, manifest: Manifest) -> Decoded:
-    """Request body → input arrays (names, dtypes and shapes are checked later by the model)."""
-    kind = content_type.split(";", 1)[0].strip().lower() or JSON
-    if kind == JSON:
-        return Decoded(_decode_json(body), JSON)
-    if kind == NPZ:
-        try:
-            with np.load(io.BytesIO(body), allow_pickle=False) as archive:
-                feeds = {name: archive[name] for name in archive.files}
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, AttributeError, TypeError) as err:
-            raise RequestError(400, "bad-request", f"body is not a readable .npz without pickles: {err}") from err
-        return Decoded(feeds, NPZ)
-    if kind == NPY:
-        if len(manifest.inputs) != 1:
-            names = [spec.name for spec in manifest.inputs]
-            raise RequestError(
-                400, "bad-request", f"a .npy body fits single-input models only; this one takes {names}: send .npz"
-            )
-        return Decoded({manifest.inputs[0].name: load_npy(body)}, NPY)
-    raise RequestError(415, "bad-request", f"content type {kind!r} is not accepted; use {JSON}, {NPZ} or {NPY}")
-
-
-def _decode_json(body: bytes) -> dict[str, np.ndarray]:
-    try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RequestError(400, "bad-request", f"body is not valid JSON: {err}") from err
-    inputs = document.get("inputs") if isinstance(document, dict) else None
-    if not isinstance(inputs, dict):
-        raise RequestError(400, "bad-request", 'JSON body must be {"inputs": {name: {"dtype", "shape", "data"}}}')
-    return {str(name): _json_tensor(str(name), value) for name, value in inputs.items()}
-
-
-def _json_tensor(name: str, value: Any) -> np.ndarray:
-    if not isinstance(value, dict) or not {"dtype", "shape", "data"} <= set(value):
-        raise RequestError(400, "bad-request", f"input {name!r} must be an object with dtype, shape and data")
-    try:
-        dtype = np.dtype(value["dtype"])
-    except (TypeError, ValueError) as err:
-        raise RequestError(400, "bad-request", f"input {name!r}: unknown dtype {value['dtype']!r}") from err
-    if dtype.kind not in _DTYPE_KINDS:
-        raise RequestError(400, "bad-request", f"input {name!r}: dtype {dtype} is not a numeric or bool dtype")
-    shape = value["shape"]
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise RequestError(400, "bad-request", f"input {name!r}: shape must be a list of non-negative integers")
-    try:
-        array = np.array(value["data"], dtype=dtype)
-    except (TypeError, ValueError, OverflowError) as err:
-        raise RequestError(400, "bad-request", f"input {name!r}: data does not convert to {dtype}: {err}") from err
-    if list(array.shape) != shape:
-        if array.size != int(np.prod(shape)):
-            raise RequestError(
-                400, "bad-request", f"input {name!r}: data holds {array.size} values, shape {shape} needs "
-                f"{int(np.prod(shape))}"
-            )  # fmt: skip
-        array = array.reshape(shape)  # flat data of the right size is accepted
-    return array
-
-
-def _tensor_json(array: np.ndarray) -> dict[str, Any]:
-    return {"dtype": str(array.dtype), "shape": list(array.shape), "data": array.tolist()}
-
-
-_NPY_IN: dict[bytes, tuple[np.dtype[Any], tuple[int, ...]]] = {}  # .npy header -> (dtype, shape)
-_NPY_OUT: dict[tuple[str, tuple[int, ...]], bytes] = {}  # (dtype, shape) -> .npy header
-_NPY_CACHE_SIZE = 256
-
-
-def load_npy(body: bytes) -> np.ndarray:
-    """A .npy body as a read-only array over the body, without pickles.
-
-    Clients send the same dtype and shape again and again, so each distinct header is parsed once (numpy's
-    own parser, which evaluates the header with `ast` and costs tens of microseconds) and then reused.
-    """
-    major = body[6] if len(body) > 10 and body[:6] == b"\x93NUMPY" else 0
-    size = {1: 2, 2: 4}.get(major)
-    if size is None:  # not .npy, or version 3 (utf-8 header): numpy's general reader decides
-        return _load_npy_slow(body)
-    offset = 8 + size + int.from_bytes(body[8 : 8 + size], "little")
-    header = body[:offset]
-    parsed = _NPY_IN.get(header)
-    if parsed is None:
-        stream = io.BytesIO(body)
-        try:
-            np.lib.format.read_magic(stream)
-            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = read(stream)
-        except (ValueError, OSError, EOFError) as err:
-            raise RequestError(400, "bad-request", f"body is not a readable .npy: {err}") from err
-        if dtype.hasobject:
-            raise RequestError(400, "bad-request", "object arrays are not accepted (they would need pickles)")
-        if fortran:
-            return _load_npy_slow(body)
-        if len(_NPY_IN) >= _NPY_CACHE_SIZE:
-            _NPY_IN.clear()
-        parsed = _NPY_IN[header] = (dtype, tuple(shape))
-    dtype, shape = parsed
-    count = int(np.prod(shape))
-    if len(body) - offset < count * dtype.itemsize:
-        raise RequestError(400, "bad-request", f".npy body is truncated: shape {list(shape)} needs more data")
-    return np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
-
-
-def _load_npy_slow(body: bytes) -> np.ndarray:
-    try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise RequestError(400, "bad-request", f"body is not a readable .npy without pickles: {err}") from err
-    if not isinstance(array, np.ndarray):
-        raise RequestError(400, "bad-request", "body is an .npz archive; send it as application/x-npz")
-    return array
-
-
-def save_npy(array: np.ndarray) -> bytes:
-    array = np.ascontiguousarray(array)
-    key = (array.dtype.str, array.shape)
-    header = _NPY_OUT.get(key)
-    if header is None:
-        buffer = io.BytesIO()
-        np.save(buffer, array, allow_pickle=False)
-        whole = buffer.getvalue()
-        if len(_NPY_OUT) >= _NPY_CACHE_SIZE:
-            _NPY_OUT.clear()
-        header = _NPY_OUT[key] = whole[: len(whole) - array.nbytes]
-    return header + array.tobytes()
-
-
-def encode_outputs(outputs: Mapping[str, np.ndarray], kind: str) -> bytes:
-    if kind == NPY:
-        return save_npy(next(iter(outputs.values())))
-    buffer = io.BytesIO()
-    np.savez(buffer, **outputs)  # type: ignore[arg-type]
-    return buffer.getvalue()
 
 
 def _is_loopback(host: str) -> bool:
@@ -330,15 +183,15 @@ class InferenceService:
         return int(self._server.server_address[1])  # type: ignore[index]
 
     def start(self) -> InferenceService:
-        handler = type("Connection", (_Connection,), {"service": self, "timeout": self.config.keep_alive_s})
+        handler = type("Connection", (RequestHandler,), {"service": self, "timeout": self.config.keep_alive_s})
         if self.config.unix_socket is not None:
             path = self.config.unix_socket
             if path.exists() and stat.S_ISSOCK(path.stat().st_mode):
                 path.unlink()  # left by an earlier agent; binding would fail
-            self._server = _UnixServer(str(path), handler)
+            self._server = UnixServer(str(path), handler)
             os.chmod(path, self.config.socket_mode)
         else:
-            server_class = _TCPServer6 if ":" in self.config.host else _TCPServer
+            server_class = TCPServer6 if ":" in self.config.host else TCPServer
             self._server = server_class((self.config.host, self.config.port), handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), name="inference-api", daemon=True
@@ -417,7 +270,7 @@ class InferenceService:
         self.metrics.observe(name, model.bundle_id, model.provider, latency_ms)
         headers = {"X-Model": name, "X-Bundle-Id": model.bundle_id, "X-Provider": model.provider,
                    "X-Latency-Ms": f"{latency_ms:.4f}"}  # fmt: skip
-        answer = _answer_format(accept, decoded.format, len(outputs))
+        answer = answer_format(accept, decoded.format, len(outputs))
         if answer == JSON:
             document = {
                 "model": name,
@@ -425,7 +278,7 @@ class InferenceService:
                 "bundle_id": model.bundle_id,
                 "provider": model.provider,
                 "latency_ms": round(latency_ms, 4),
-                "outputs": {k: _tensor_json(v) for k, v in outputs.items()},
+                "outputs": {k: tensor_json(v) for k, v in outputs.items()},
             }
             return json.dumps(document).encode(), JSON, headers
         return encode_outputs(outputs, answer), answer, headers
@@ -449,255 +302,6 @@ class InferenceService:
             "inputs": [spec.model_dump() for spec in manifest.inputs],
             "outputs": [spec.model_dump() for spec in manifest.outputs],
         }
-
-
-def _answer_format(accept: str, request_format: str, output_count: int) -> str:
-    accepted = [part.split(";", 1)[0].strip().lower() for part in accept.split(",") if part.strip()]
-    for kind in accepted:
-        if kind in (JSON, NPZ) or (kind == NPY and output_count == 1):
-            return kind
-    if accepted and "*/*" not in accepted and "application/*" not in accepted:
-        raise RequestError(406, "bad-request", f"cannot answer as {accept!r}; use {JSON}, {NPZ} or {NPY}")
-    if request_format == NPY and output_count != 1:
-        return NPZ
-    return request_format
-
-
-class _BadHead(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-@dataclass(frozen=True)
-class _Head:
-    method: str
-    path: str
-    version: str
-    headers: dict[str, str]  # lower-case names
-
-    @property
-    def keep_alive(self) -> bool:
-        connection = self.headers.get("connection", "").lower()
-        if self.version == "HTTP/1.0":
-            return "keep-alive" in connection
-        return "close" not in connection
-
-
-_MAX_LINE = 8192
-_MAX_HEADERS = 64
-_DATE = {"second": 0, "text": ""}
-
-
-def _http_date() -> str:
-    now = int(time.time())
-    if _DATE["second"] != now:
-        _DATE["text"] = formatdate(now, usegmt=True)
-        _DATE["second"] = now
-    return str(_DATE["text"])
-
-
-class _Connection(socketserver.StreamRequestHandler):
-    """One keep-alive connection: a lean HTTP/1.1 reader (request line, headers, Content-Length body).
-
-    http.server's handler parses headers with the email package and writes headers and body separately;
-    at a few tens of microseconds per inference that doubled the API's overhead, hence this small reader.
-    """
-
-    service: InferenceService
-
-    def setup(self) -> None:
-        super().setup()
-        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
-        with self.service._connections_lock:
-            self.service._connections.add(self.connection)
-
-    def finish(self) -> None:
-        with self.service._connections_lock:
-            self.service._connections.discard(self.connection)
-        with contextlib.suppress(OSError):
-            super().finish()
-
-    def handle(self) -> None:
-        while True:
-            try:
-                head = self._read_head()
-            except _BadHead as err:
-                self.service.metrics.error("bad-request")
-                self.service.metrics.requests.inc("-", str(err.status))
-                body = json.dumps({"error": {"kind": "bad-request", "message": err.message}}).encode()
-                with contextlib.suppress(OSError):
-                    self._send(err.status, body, JSON, close=True)
-                return
-            except (OSError, ValueError):  # timeout, reset, or a closed connection
-                return
-            if head is None:
-                return
-            try:
-                keep = self._dispatch(head) and head.keep_alive
-            except OSError:
-                return
-            if not keep:
-                return
-
-    def _read_head(self) -> _Head | None:
-        line = self.rfile.readline(_MAX_LINE + 1)
-        while line in (b"\r\n", b"\n"):  # RFC 9112: ignore empty lines before a request line
-            line = self.rfile.readline(_MAX_LINE + 1)
-        if not line:
-            return None
-        if len(line) > _MAX_LINE:
-            raise _BadHead(414, "request line too long")
-        parts = line.decode("latin-1").rstrip("\r\n").split(" ")
-        if len(parts) != 3 or not parts[1].startswith("/"):
-            raise _BadHead(400, "malformed request line")
-        method, target, version = parts
-        if version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise _BadHead(505, f"{version} is not supported; use HTTP/1.1")
-        headers: dict[str, str] = {}
-        for _ in range(_MAX_HEADERS + 1):
-            line = self.rfile.readline(_MAX_LINE + 1)
-            if len(line) > _MAX_LINE:
-                raise _BadHead(431, "header line too long")
-            if line in (b"\r\n", b"\n", b""):
-                return _Head(method, target.split("?", 1)[0], version, headers)
-            name, sep, value = line.decode("latin-1").partition(":")
-            if not sep or not name or name != name.strip():
-                raise _BadHead(400, "malformed header line")
-            headers[name.lower()] = value.strip()
-        raise _BadHead(431, f"more than {_MAX_HEADERS} headers")
-
-    # --- routing; returns whether the connection may be reused
-    def _dispatch(self, head: _Head) -> bool:
-        if head.method == "POST":
-            return self._post(head)
-        if head.method != "GET":
-            reusable = self._discard_body(head)
-            self._error(RequestError(405, "bad-request", f"method {head.method} not allowed"), allow="GET, POST",
-                        close=not reusable)  # fmt: skip
-            return reusable
-        service, path = self.service, head.path
-        if path == "/metrics":
-            self._send(200, service.metrics.exposition().encode(), METRICS_CONTENT_TYPE)
-        elif path == "/healthz":
-            models = service.models()
-            self._json(200, {"status": "ok" if models else "no-model", "models": sorted(models)})
-        elif path == "/v1/models":
-            self._json(200, {"models": [service.describe(m) for _, m in sorted(service.models().items())]})
-        elif match := _MODEL.match(path):
-            model = service.models().get(match.group(1))
-            if model is None:
-                self._error(RequestError(404, "not-found", f"no model named {match.group(1)!r} is served here"))
-            else:
-                self._json(200, service.describe(model))
-        elif _INFER.match(path):
-            self._error(RequestError(405, "bad-request", "use POST for inference"), allow="POST")
-        else:
-            self._error(RequestError(404, "not-found", f"no such endpoint {path}"))
-        return True
-
-    def _post(self, head: _Head) -> bool:
-        match = _INFER.match(head.path)
-        if match is None:
-            reusable = self._discard_body(head)
-            self._error(
-                RequestError(404, "not-found", f"no such endpoint {head.path} (POST /v1/models/NAME/infer)"),
-                close=not reusable,
-            )
-            return reusable
-        name = match.group(1)
-        try:
-            body = self._read_body(head)
-        except RequestError as err:
-            self._error(err, model=name, close=True)  # the body was not read: the connection is unusable
-            return False
-        try:
-            payload, kind, headers = self.service.infer(
-                name, body, head.headers.get("content-type", JSON), head.headers.get("accept", "")
-            )
-        except RequestError as err:
-            self._error(err, model=name)
-            return True
-        self.service.metrics.requests.inc(name, "200")
-        self._send(200, payload, kind, headers)
-        return True
-
-    # --- bodies and answers
-    def _read_body(self, head: _Head) -> bytes:
-        if "chunked" in head.headers.get("transfer-encoding", "").lower():
-            raise RequestError(411, "bad-request", "chunked bodies are not accepted; send Content-Length")
-        length_text = head.headers.get("content-length")
-        if length_text is None:
-            raise RequestError(411, "bad-request", "Content-Length is required")
-        if not length_text.isdigit():
-            raise RequestError(400, "bad-request", f"Content-Length {length_text!r} is not a number")
-        length, limit = int(length_text), self.service.config.max_body_bytes
-        if length > limit:
-            raise RequestError(413, "too-large", f"request body of {length} bytes exceeds the limit of {limit} bytes")
-        body = self.rfile.read(length)
-        if len(body) != length:
-            raise RequestError(400, "bad-request", f"body ended after {len(body)} of {length} bytes")
-        return body
-
-    def _discard_body(self, head: _Head) -> bool:
-        """Skip a body we do not use; False when it cannot be skipped (the connection must close)."""
-        length_text = head.headers.get("content-length", "0")
-        if "transfer-encoding" in head.headers or not length_text.isdigit():
-            return False
-        length = int(length_text)
-        if length > self.service.config.max_body_bytes:
-            return False
-        return len(self.rfile.read(length)) == length
-
-    def _json(self, status: int, document: Any) -> None:
-        self._send(status, json.dumps(document).encode(), JSON)
-
-    def _error(self, err: RequestError, *, model: str = "-", allow: str | None = None, close: bool = False) -> None:
-        metrics = self.service.metrics
-        metrics.error(err.kind)
-        metrics.requests.inc(model, str(err.status))
-        headers = {"Allow": allow} if allow else {}
-        if err.status == 503:
-            headers["Retry-After"] = "1"
-        body = json.dumps({"error": {"kind": err.kind, "message": err.message}}).encode()
-        self._send(err.status, body, JSON, headers, close=close)
-
-    def _send(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str,
-        headers: Mapping[str, str] | None = None,
-        *,
-        close: bool = False,
-    ) -> None:
-        lines = [
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-            f"Date: {_http_date()}",
-            "Server: edgefleet-agent",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-        ]
-        lines.extend(f"{key}: {value}" for key, value in (headers or {}).items())
-        if close:
-            lines.append("Connection: close")
-        self.connection.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)  # one write
-
-
-class _TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
-
-
-class _TCPServer6(_TCPServer):
-    address_family = socket.AF_INET6
-
-
-class _UnixServer(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
-    block_on_close = False
 
 
 __all__ = [
