@@ -11,8 +11,8 @@ Goal: chosen ≤ 1.0× the fastest baseline that meets the same accuracy bar, an
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import json
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # test helpers: model paths
 from edgefleet.converter.accuracy import Budget, gate
 from edgefleet.converter.build import ConvertRequest, convert
 from edgefleet.converter.measure import interleaved_latency, openvino_runner, ort_runner, predict
@@ -30,8 +31,10 @@ from edgefleet.core.profiles import get_profile
 from edgefleet.core.signing import SigningKey, generate_keypair
 from edgefleet.core.tensors import load_dataset
 
+from fleet_helpers import silero_model
+
 REPO = Path(__file__).resolve().parent.parent
-SILERO = Path(str(importlib.resources.files("silero_vad") / "data" / "silero_vad.onnx"))
+SILERO = silero_model()
 CASES = {
     "digits-cnn": (
         REPO / "models/digits/digits_cnn.onnx",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -22,6 +23,14 @@ from edgefleet.core.topics import Topics
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "models" / "digits"
+
+
+def silero_model() -> Path:
+    """silero-vad's ONNX file, found without importing the package (its __init__ imports torch)."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("silero-vad is not installed: pip install --no-deps silero-vad")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
 
 
 class AgentProcess:

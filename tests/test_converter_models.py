@@ -3,7 +3,6 @@ pipeline (ai.onnx.ml ops), a CNN with dynamic height and width; and bad input re
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 from pathlib import Path
 
@@ -16,13 +15,13 @@ from edgefleet.core.errors import DataError, ModelError, UserInputError
 from edgefleet.core.profiles import get_profile
 from edgefleet.core.signing import SigningKey
 
-from fleet_helpers import DIGITS, deploy_to
+from fleet_helpers import DIGITS, deploy_to, silero_model
 
 TESTBED = Path(__file__).resolve().parent.parent / "models" / "testbed"
 
 
 def silero() -> Path:
-    return Path(str(importlib.resources.files("silero_vad") / "data" / "silero_vad.onnx"))
+    return silero_model()
 
 
 def _convert(

@@ -10,19 +10,13 @@ from pathlib import Path
 from edgefleet.converter.inspection import inspect_model
 from edgefleet.core.profiles import get_profile, load_profiles
 
-from fleet_helpers import DIGITS
+from fleet_helpers import DIGITS, silero_model
 
 TESTBED = Path(__file__).resolve().parent.parent / "models" / "testbed"
 
 
-def _silero() -> Path:
-    import importlib.resources
-
-    return Path(str(importlib.resources.files("silero_vad") / "data" / "silero_vad.onnx"))
-
-
 def test_silero_ops_in_subgraphs_and_openvino_verdict() -> None:
-    report = inspect_model(_silero(), [get_profile("intel-x86-vnni"), get_profile("intel-npu")])
+    report = inspect_model(silero_model(), [get_profile("intel-x86-vnni"), get_profile("intel-npu")])
     ops = {u.op_type: u for u in report.operators}
     assert ops["LSTM"].in_subgraphs == ops["LSTM"].count > 0 and ops["If"].opset == 16
     assert [s.shape for s in report.inputs] == [[None, None], [2, None, 128], []]

@@ -94,11 +94,13 @@ def synthetic_audio(seconds: float, seed: int) -> np.ndarray:
 
 
 def make_silero_data() -> None:
-    import importlib.resources
+    import importlib.util
 
     import onnxruntime as ort
 
-    model = importlib.resources.files("silero_vad") / "data" / "silero_vad.onnx"
+    spec = importlib.util.find_spec("silero_vad")  # not imported: its __init__ needs torch
+    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps silero-vad"
+    model = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     for name, seconds, seed in (("silero_calib", 4.1, 1), ("silero_eval", 11.6, 2)):
         audio = synthetic_audio(seconds, seed)
