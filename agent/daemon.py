@@ -21,6 +21,7 @@ import psutil
 from edgefleet import __version__
 from edgefleet.agent import watchdog
 from edgefleet.agent.config import AgentConfig
+from edgefleet.agent.feedback import FieldScore
 from edgefleet.agent.health import HealthVerdict, judge_health
 from edgefleet.agent.installer import InstallContext, Refused, install, load_installed
 from edgefleet.agent.runtime import LoadedModel, RuntimeOptions
@@ -132,7 +133,10 @@ class Agent:
     def _start_service(self, config: ServiceConfig) -> None:
         """The local API is a convenience: if its port is taken the agent still installs and serves over MQTT."""
         try:
-            self.service = InferenceService([self.model] if self.model else [], config).start()
+            self.service = InferenceService(
+                [self.model] if self.model else [], config, on_answer=self.stats.record,
+                on_failure=self.stats.record_failure,
+            ).start()  # fmt: skip
         except OSError as err:
             self.last_error = f"local inference API not started: {err}"
             log.error("%s", self.last_error)
@@ -368,6 +372,7 @@ class Agent:
         latency, requests, errors, window_s = self.stats.snapshot()
         model = self.model
         golden = model.last_golden if model else None
+        field = self.service.field.score() if self.service else FieldScore(None, 0)
         message = Telemetry(
             device_id=self.config.device_id,
             bundle_id=model.bundle_id if model else None,
@@ -382,6 +387,10 @@ class Agent:
             cpu_percent=self.resources.cpu_percent(),
             rss_mb=self.resources.rss_mb(),
             temperature_c=self.resources.temperature_c(),
+            queue_depth=self._requests.qsize() + (self.service.metrics.queue_depth() if self.service else 0),
+            errors_by_kind={k[0]: int(v) for k, v in self.service.metrics.errors.items()} if self.service else {},
+            field_accuracy=field.accuracy,
+            field_samples=field.samples,
             spool_depth=self.spool.depth(),
             spool_dropped=self.spool.dropped(),
             seq=self.spool.next_sequence(),

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 _INFER = re.compile(r"^/v1/models/([A-Za-z0-9._-]{1,64})/infer$")
 _MODEL = re.compile(r"^/v1/models/([A-Za-z0-9._-]{1,64})$")
+_FEEDBACK = re.compile(r"^/v1/models/([A-Za-z0-9._-]{1,64})/feedback$")
 
 
 class _BadHead(Exception):
@@ -163,6 +164,8 @@ class RequestHandler(socketserver.StreamRequestHandler):
         return True
 
     def _post(self, head: _Head) -> bool:
+        if feedback := _FEEDBACK.match(head.path):
+            return self._feedback(head, feedback.group(1))
         match = _INFER.match(head.path)
         if match is None:
             reusable = self._discard_body(head)
@@ -186,6 +189,20 @@ class RequestHandler(socketserver.StreamRequestHandler):
             return True
         self.service.metrics.requests.inc(name, "200")
         self._send(200, payload, kind, headers)
+        return True
+
+    def _feedback(self, head: _Head, name: str) -> bool:
+        try:
+            body = self._read_body(head)
+        except RequestError as err:
+            self._error(err, model=name, close=True)
+            return False
+        try:
+            document = self.service.feedback(name, body)
+        except RequestError as err:
+            self._error(err, model=name)
+            return True
+        self._json(200, document)
         return True
 
     # --- bodies and answers

@@ -169,6 +169,7 @@ class ServiceMetrics:
         self.queue_depth: Callable[[], int] = lambda: 0
         self.in_flight: Callable[[], int] = lambda: 0
         self.models: Callable[[], Iterable[tuple[str, str, str]]] = lambda: ()  # (model, bundle, provider)
+        self.field_accuracy: Callable[[], Iterable[tuple[str, float, int]]] = lambda: ()  # (model, acc, n)
 
     def latency(self, model: str, bundle_id: str, provider: str) -> Histogram:
         key = (model, bundle_id, provider)
@@ -230,6 +231,13 @@ class ServiceMetrics:
         page.family("edgefleet_model_info", "gauge", "Models served, with their bundle and provider.")
         for model, bundle, provider in self.models():
             page.sample("edgefleet_model_info", 1, ("model", "bundle_id", "provider"), (model, bundle, provider))
+        field = list(self.field_accuracy())
+        page.family("edgefleet_field_accuracy", "gauge", "Share of correct answers among those given feedback.")
+        for model, accuracy, _ in field:
+            page.sample("edgefleet_field_accuracy", accuracy, ("model",), (model,))
+        page.family("edgefleet_field_feedback", "gauge", "Feedbacks the field accuracy is computed over.")
+        for model, _, samples in field:
+            page.sample("edgefleet_field_feedback", samples, ("model",), (model,))
         return page.text()
 
 

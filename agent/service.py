@@ -32,13 +32,14 @@ import socketserver
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgefleet.agent.feedback import FeedbackError, FieldAccuracy
 from edgefleet.agent.http_server import RequestHandler, TCPServer, TCPServer6, UnixServer
 from edgefleet.agent.metrics import ServiceMetrics
 from edgefleet.agent.wire import (
@@ -106,12 +107,17 @@ class InferenceService:
         models: Iterable[ServedModel] = (),
         config: ServiceConfig | None = None,
         metrics: ServiceMetrics | None = None,
+        on_answer: Callable[[float], None] | None = None,
+        on_failure: Callable[[], None] | None = None,
     ) -> None:
+        """`on_answer(latency_ms)` / `on_failure()` let the agent count HTTP requests in its telemetry and health."""
         self.config = config or ServiceConfig()
+        self._on_answer, self._on_failure = on_answer, on_failure
         if self.config.unix_socket is None and not _is_loopback(self.config.host):
             raise ValueError(
                 f"the inference API binds loopback only (it has no authentication), not {self.config.host}"
             )
+        self.field = FieldAccuracy()
         self.metrics = metrics or ServiceMetrics()
         self._models: dict[str, ServedModel] = {}
         self._models_lock = threading.Lock()
@@ -129,6 +135,11 @@ class InferenceService:
         self.metrics.queue_depth = lambda: max(0, self._pending - self._running)
         self.metrics.in_flight = lambda: self._running
         self.metrics.models = lambda: [(n, m.bundle_id, m.provider) for n, m in sorted(self._models.items())]
+        self.metrics.field_accuracy = lambda: [
+            (n, score.accuracy, score.samples)
+            for n in sorted(self._models)
+            if (score := self.field.score(n)).accuracy is not None
+        ]
 
     # --- models
     def models(self) -> dict[str, ServedModel]:
@@ -257,6 +268,8 @@ class InferenceService:
             raise
         except Exception as err:  # a runtime failure answers this request; the service stays up
             log.exception("inference failed on %s", model.bundle_id)
+            if self._on_failure is not None:
+                self._on_failure()
             raise RequestError(500, "runtime", f"inference failed: {type(err).__name__}: {err}") from err
         finally:
             with self._count_lock:
@@ -268,11 +281,15 @@ class InferenceService:
                     del self._using[id(model)]
                 self._count_lock.notify_all()
         self.metrics.observe(name, model.bundle_id, model.provider, latency_ms)
+        if self._on_answer is not None:
+            self._on_answer(latency_ms)
+        request_id = self.field.remember(name, outputs)
         headers = {"X-Model": name, "X-Bundle-Id": model.bundle_id, "X-Provider": model.provider,
-                   "X-Latency-Ms": f"{latency_ms:.4f}"}  # fmt: skip
+                   "X-Latency-Ms": f"{latency_ms:.4f}", "X-Request-Id": request_id}  # fmt: skip
         answer = answer_format(accept, decoded.format, len(outputs))
         if answer == JSON:
             document = {
+                "request_id": request_id,
                 "model": name,
                 "model_version": model.manifest.model_version,
                 "bundle_id": model.bundle_id,
@@ -282,6 +299,22 @@ class InferenceService:
             }
             return json.dumps(document).encode(), JSON, headers
         return encode_outputs(outputs, answer), answer, headers
+
+    def feedback(self, name: str, body: bytes) -> dict[str, Any]:
+        """POST /v1/models/{name}/feedback {"request_id": ..., "label": N}: the true class of an earlier answer."""
+        try:
+            document = json.loads(body)
+            request_id, label = str(document["request_id"]), document["label"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise RequestError(400, "bad-request", 'feedback must be JSON {"request_id": "...", "label": N}') from err
+        if isinstance(label, bool) or not isinstance(label, int):
+            raise RequestError(400, "bad-request", f"label must be an integer class index, not {label!r}")
+        try:
+            correct = self.field.feedback(name, request_id, label)
+        except FeedbackError as err:
+            raise RequestError(404, "not-found", str(err)) from err
+        score = self.field.score(name)
+        return {"correct": correct, "field_accuracy": score.accuracy, "samples": score.samples}
 
     def describe(self, model: ServedModel) -> dict[str, Any]:
         manifest = model.manifest

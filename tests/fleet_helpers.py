@@ -51,7 +51,8 @@ class AgentProcess:
         self.cmd = [
             sys.executable, "-m", "edgefleet", "agent", "--broker", broker, "--device-id", device_id,
             "--state-dir", str(state_dir), "--profile", profile, "--trust", str(trust),
-            "--telemetry-interval", str(telemetry_interval), "--threads", "1", "--http-port", "0", *extra,
+            "--telemetry-interval", str(telemetry_interval), "--threads", "1",
+            *(extra if "--http-port" in extra else ("--http-port", "0", *extra)),
         ]  # fmt: skip
         for group in groups:
             self.cmd += ["--group", group]

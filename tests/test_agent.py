@@ -204,3 +204,39 @@ def test_a_device_that_comes_online_after_the_deployment_still_gets_its_bundle(
     time.sleep(1.0)  # nobody is listening: everything the device needs is retained on the broker
     start_agent("dev-late", profile="generic-x86-64", groups=("late-group",), extra=("--protocol", "3.1.1"))
     watcher.serving("dev-late", bundle_id)
+
+
+def test_the_local_api_serves_and_field_feedback_reaches_telemetry(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path]
+) -> None:
+    import json
+    import urllib.request
+
+    from brokers import free_port
+
+    port = free_port()
+    start_agent("dev-api", extra=("--http-port", str(port)))
+    bundle_id = deploy_to(host, topics, demo_bundles["intel-x86-vnni"], devices=("dev-api",))
+    watcher.serving("dev-api", bundle_id)
+    samples, labels = _eval_samples(20)
+    base = f"http://127.0.0.1:{port}/v1/models/digits-cnn"
+
+    def post(url: str, document: dict) -> dict:
+        request = urllib.request.Request(url, json.dumps(document).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.load(answer)
+
+    for feeds, label in zip(samples, labels, strict=True):
+        request = {"inputs": {"input": {"dtype": "float32", "shape": [1, 1, 8, 8],
+                                        "data": feeds["input"].tolist()}}}  # fmt: skip
+        document = post(f"{base}/infer", request)
+        assert document["bundle_id"] == bundle_id
+        scored = post(f"{base}/feedback", {"request_id": document["request_id"], "label": int(label)})
+    assert scored["samples"] == 20 and scored["field_accuracy"] >= 0.9
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        assert 'edgefleet_field_accuracy{model="digits-cnn"}' in answer.read().decode()
+    report = watcher.wait_for(
+        "telemetry with field accuracy",
+        lambda: next((t for t in watcher.telemetry if t.device_id == "dev-api" and t.field_samples == 20), None),
+    )
+    assert report.field_accuracy == scored["field_accuracy"] and report.latency.count >= 20

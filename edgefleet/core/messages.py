@@ -101,6 +101,12 @@ class Telemetry(Message):
     cpu_percent: float
     rss_mb: float
     temperature_c: float | None = None
+    queue_depth: int = Field(default=0, description="inference requests waiting (MQTT and local API)")
+    errors_by_kind: dict[str, int] = Field(default_factory=dict, description="refused/failed requests by kind")
+    field_accuracy: float | None = Field(
+        default=None, description="share of correct answers among those an application gave the true label for"
+    )
+    field_samples: int = Field(default=0, description="feedbacks behind field_accuracy")
     spool_depth: int = Field(default=0, description="reports waiting on the device for the broker")
     spool_dropped: int = Field(default=0, description="reports dropped (oldest first) since the device started")
 
