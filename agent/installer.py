@@ -1,7 +1,10 @@
 """Installing a bundle like an A/B update: verify → download → unpack → load → golden set → commit.
 
 Nothing touches the committed bundle until the new one has passed every check; any failure leaves
-the device on what it was running.
+the device on what it was running. What can be known from the signed manifest alone is checked before a
+single block is downloaded: the signature, the profile, the version, the size, the disk, and whether this
+device can run the bundle at all (its format, at least one of its execution providers, the GPU a TensorRT
+bundle needs, the custom operators it holds); each refusal says why.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgefleet.agent import backends, custom_ops
 from edgefleet.agent.runtime import LoadedModel, RuntimeOptions
 from edgefleet.agent.store import Store, atomic_write
 from edgefleet.agent.transfer import BlockDownload, TransferError
@@ -26,7 +30,8 @@ from edgefleet.core.topics import Topics
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_FORMATS = ("onnx", "openvino-ir")
+SUPPORTED_FORMATS = ("onnx", "openvino-ir", "coreml", "onnx-tensorrt")
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")  # what an onnx-tensorrt bundle is for
 
 
 class Refused(BundleError):
@@ -84,6 +89,7 @@ def check_offer(ctx: InstallContext, offer: BundleOffer, desired: Desired, versi
         raise Refused(
             f"bundle format {manifest.format} is not supported by this agent ({', '.join(SUPPORTED_FORMATS)})"
         )
+    check_runnable(manifest)
     running = versions.get(manifest.model_name)
     if running is not None and parse_version(manifest.model_version) <= parse_version(running) and not desired.rollback:
         raise Refused(
@@ -100,6 +106,25 @@ def check_offer(ctx: InstallContext, offer: BundleOffer, desired: Desired, versi
     if free < needed:
         raise Refused(f"not enough disk: {free / 2**20:.1f} MiB free, {needed / 2**20:.1f} MiB needed")
     return manifest
+
+
+def check_runnable(manifest: Manifest) -> None:
+    """Refused when this device cannot run the bundle, whatever the files hold: no usable provider (a CoreML
+    bundle off macOS, a browser bundle), no NVIDIA GPU for a TensorRT bundle, custom ops it lacks."""
+    try:
+        custom_ops.check(manifest)
+    except BundleError as err:
+        raise Refused(str(err)) from err
+    custom = [op.key for op in manifest.custom_ops]
+    found = {p: backends.availability(p, manifest.format, custom_ops=custom) for p in dict.fromkeys(manifest.providers)}
+    if manifest.format == "onnx-tensorrt":
+        gpu = {p: a for p, a in found.items() if p in GPU_PROVIDERS}
+        if not any(a.ok for a in gpu.values()):
+            reasons = "; ".join(f"{p}: {a.reason}" for p, a in gpu.items()) or "the bundle lists neither"
+            raise Refused(f"TensorRT bundle needs an NVIDIA GPU with the TensorRT or CUDA EP ({reasons})")
+    if not any(a.ok for a in found.values()):
+        reasons = "; ".join(f"{p}: {a.reason}" for p, a in found.items()) or "the bundle lists none"
+        raise Refused(f"none of the bundle's execution providers can run on this device ({reasons})")
 
 
 def download(ctx: InstallContext, offer: BundleOffer, notify: Notify) -> Path:
@@ -188,4 +213,12 @@ def install(ctx: InstallContext, desired: Desired, versions: dict[str, str], not
     return model
 
 
-__all__ = ["InstallContext", "Refused", "TransferError", "fetch_offer", "install", "load_installed"]
+__all__ = [
+    "InstallContext",
+    "Refused",
+    "TransferError",
+    "check_runnable",
+    "fetch_offer",
+    "install",
+    "load_installed",
+]

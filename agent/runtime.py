@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from edgefleet.agent import custom_ops
 from edgefleet.agent.backends import Session
 from edgefleet.agent.selection import NoProviderError, Policy, ProviderChoice, select
 from edgefleet.core.errors import BundleError, DataError
@@ -27,8 +28,9 @@ class LoadedModel:
     """One bundle loaded into a runtime session. `run` is safe to call from several threads at once.
 
     `cache_dir` (the agent's STATE_DIR/cache) holds the provider decision cache and the runtimes'
-    compiled blobs; without it every load measures again and nothing is cached. `load_ms` is the time
-    from the call to a model ready to serve, the provider choice included.
+    compiled blobs (OpenVINO blobs, TensorRT engines); without it every load measures again and nothing is
+    cached. A bundle with custom operators is loaded with this device's implementations (agent/custom_ops.py).
+    `load_ms` is the time from the call to a model ready to serve, the provider choice included.
     """
 
     def __init__(
@@ -44,13 +46,17 @@ class LoadedModel:
         self.bundle_dir, self.manifest = bundle_dir, manifest
         self.golden = GoldenSet.load(bundle_dir / manifest.golden.path, manifest.inputs, manifest.outputs)
         try:
+            work = (cache_dir or bundle_dir.parent / ".edgefleet-cache") / "custom-ops"
+            prepared = custom_ops.prepare(bundle_dir / manifest.model_path, manifest, work)
             selected = select(
-                bundle_dir / manifest.model_path,
+                prepared.model_path,
                 manifest,
                 self.golden,
                 threads=threads,
                 cache_dir=cache_dir,
                 policy=policy,
+                bundle_dir=bundle_dir,
+                custom_op_libraries=prepared.libraries,
             )
         except BundleError:  # NoProviderError included: the message says why each provider was not usable
             raise

@@ -70,6 +70,12 @@ class Policy(BaseModel):
         "the bundle's order then decides (keeps the choice stable against timing noise)",
     )
     load_timeout_s: float = Field(default=60.0, gt=0, description="a load plus golden run taking longer is skipped")
+    engine_build_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="the same limit when the load builds an engine that is not cached yet (TensorRT: minutes on "
+        "a Jetson); later starts reuse the engine and get load_timeout_s",
+    )
     measure_budget_s: float = Field(default=1.0, gt=0, description="time spent timing the candidates, all together")
     rounds: int = Field(default=7, ge=1, le=100, description="interleaved timing rounds")
 
@@ -213,6 +219,16 @@ def decision_key(manifest: Manifest, threads: int, policy: Policy) -> tuple[str,
     return digest, parts
 
 
+def model_identity(manifest: Manifest) -> str:
+    """sha256 of the model artifact: its file's, or for a directory (an .mlpackage) a hash over its files'."""
+    prefix = manifest.model_path.rstrip("/") + "/"
+    for entry in manifest.files:
+        if entry.path == manifest.model_path:
+            return entry.sha256
+    inside = sorted(f"{e.path}:{e.sha256}" for e in manifest.files if e.path.startswith(prefix))
+    return hashlib.sha256("\n".join(inside).encode()).hexdigest() if inside else ""
+
+
 class DecisionCache:
     """`selection.json` in the agent's cache folder: decisions and providers that hung or crashed, by key."""
 
@@ -338,12 +354,16 @@ def _try(
     timeout_s: float,
     cache: DecisionCache | None,
     key: str,
+    engine_timeout_s: float = 0.0,
 ) -> _Trial:
     """Load `provider` and run the golden inputs on a worker thread; give up after `timeout_s`."""
     backend = backends.backend_for(provider)
     cancel = CancelToken()
     box: dict[str, Any] = {}
     done = threading.Event()
+    if backend.compiles_on_load(provider, options):
+        log.info("%s builds its engine on this load (nothing cached for this key yet)", provider)
+        timeout_s = max(timeout_s, engine_timeout_s)
 
     def work() -> None:
         start = time.perf_counter()
@@ -421,15 +441,25 @@ def select(
     threads: int = 0,
     cache_dir: Path | None = None,
     policy: Policy | None = None,
+    bundle_dir: Path | None = None,
+    custom_op_libraries: Sequence[str] = (),
 ) -> Selected:
-    """Load the bundle on the best provider here (see the module docstring). Raises NoProviderError."""
+    """Load the bundle on the best provider here (see the module docstring). Raises NoProviderError.
+
+    `model_path` may differ from the bundle's own file (a copy with custom-op domains renamed);
+    `custom_op_libraries` are registered before each load."""
     policy = policy or Policy()
     options = LoadOptions(
         threads=threads,
         precision=manifest.recipe.precision,
         cache_dir=cache_dir,
         outputs=tuple(o.name for o in manifest.outputs),
+        model_sha256=model_identity(manifest),
+        bundle_dir=bundle_dir,
+        tensorrt=manifest.tensorrt,
+        custom_op_libraries=tuple(custom_op_libraries),
     )
+    custom = tuple(op.key for op in manifest.custom_ops)
     allowed = list(dict.fromkeys(manifest.providers))
     key, parts = decision_key(manifest, threads, policy)
     cache = DecisionCache(cache_dir) if cache_dir is not None else None
@@ -445,9 +475,12 @@ def select(
         and isinstance(cached, str)
         and cached in allowed
         and cached not in policy.exclude
-        and backends.availability(cached, manifest.format).ok
+        and backends.availability(cached, manifest.format, custom_ops=custom).ok
     ):
-        trial = _try(cached, model_path, options, golden, manifest, policy.load_timeout_s, cache, key)
+        trial = _try(
+            cached, model_path, options, golden, manifest, policy.load_timeout_s, cache, key,
+            policy.engine_build_timeout_s,
+        )  # fmt: skip
         if trial.session is not None and trial.measurement.golden is not None and trial.measurement.golden.passed:
             stored = dict(entry.get("reasons", {}))
             choice = ProviderChoice(
@@ -464,7 +497,9 @@ def select(
         cache.forget_decision(key)
         poisoned = dict(cache.get(key).get("poisoned", {}))
 
-    availability = {p: backends.availability(p, manifest.format) for p in allowed if p not in policy.exclude}
+    availability = {
+        p: backends.availability(p, manifest.format, custom_ops=custom) for p in allowed if p not in policy.exclude
+    }
     measurements: dict[str, Measurement] = {}
     trials: dict[str, _Trial] = {}
     for provider, avail in availability.items():
@@ -473,7 +508,10 @@ def select(
         if provider in poisoned:
             measurements[provider] = Measurement(provider, error=poisoned[provider])
             continue
-        trial = _try(provider, model_path, options, golden, manifest, policy.load_timeout_s, cache, key)
+        trial = _try(
+            provider, model_path, options, golden, manifest, policy.load_timeout_s, cache, key,
+            policy.engine_build_timeout_s,
+        )  # fmt: skip
         measurements[provider] = trial.measurement
         if trial.session is not None:
             trials[provider] = trial
@@ -535,6 +573,7 @@ __all__ = [
     "choose",
     "decision_key",
     "hardware_fingerprint",
+    "model_identity",
     "select",
     "time_interleaved",
 ]

@@ -26,6 +26,9 @@ from edgefleet.converter.candidates import Built
 from edgefleet.converter.context import Context, Progress
 from edgefleet.converter.measure import ort_runner, predict
 from edgefleet.converter.model import SourceModel, load_model, tensor_spec
+from edgefleet.converter.passes import custom_ops as cops
+from edgefleet.converter.passes import web
+from edgefleet.converter.passes.custom_ops import Policy
 from edgefleet.converter.passes.graph import FixDimsConfig
 from edgefleet.converter.prepare import opset_of
 from edgefleet.converter.search import ProfileSearch, search
@@ -40,6 +43,7 @@ from edgefleet.core.manifest import (
     Manifest,
     Precision,
     Recipe,
+    WebOptions,
     parse_version,
 )
 from edgefleet.core.profiles import HostFacts, Profile, Target
@@ -71,6 +75,8 @@ class ConvertRequest:
     runtimes: tuple[str, ...] | None = None  # only these runtimes' targets (None = every target)
     cache_dir: Path | None = None  # content-addressed build cache; None = no cache
     report: bool = True  # write <name>-<version>.report.json/.html and plots into out
+    custom_ops: Policy = "decompose"  # decompose known custom ops everywhere | host: keep them where loadable | keep
+    torch_model: Path | None = None  # CoreML targets: the user's torch model (.pt TorchScript / .pt2 torch.export)
 
 
 @dataclass
@@ -101,6 +107,11 @@ def convert(request: ConvertRequest, progress: Progress = lambda _msg: None) -> 
         parse_version(request.version)
     except ValueError as err:
         raise UserInputError(str(err)) from err
+    if request.custom_ops not in cops.POLICIES:
+        raise UserInputError(f"unknown custom-op policy {request.custom_ops!r}; valid: {', '.join(cops.POLICIES)}")
+    cops.packages()  # a broken custom-op package is a user error, reported before any work
+    if request.torch_model is not None and not request.torch_model.is_file():
+        raise UserInputError(f"torch model {request.torch_model} not found")
     source = load_model(request.model)
     pins = _parse_pins(source, request.pins)
     inputs = [spec for spec in source.inputs if spec.name not in pins]
@@ -123,11 +134,14 @@ def convert(request: ConvertRequest, progress: Progress = lambda _msg: None) -> 
             reference=reference,
             plan=plan,
             ref_value=ref_value,
-            data_sha={"calib": sha256_file(request.calib), "eval": sha256_file(request.eval)},
+            data_sha={"calib": sha256_file(request.calib), "eval": sha256_file(request.eval)}
+            | ({"torch": sha256_file(request.torch_model)} if request.torch_model else {}),
             threads=request.threads,
             work=Path(tmp),
             cache=BuildCache(request.cache_dir) if request.cache_dir else None,
             progress=progress,
+            custom_op_policy=request.custom_ops,
+            torch_model=request.torch_model,
         )
         facts = HostFacts.probe(f for p in request.profiles for f in p.match.files)
         providers = frozenset(ort.get_available_providers())
@@ -259,21 +273,33 @@ def _write_bundle(
     golden.save(golden_path)
     sources: dict[str, Path] = {"golden.npz": golden_path}
     for rel, path in built.files.items():
-        copy = staging / Path(rel).name
+        copy = staging.joinpath(*rel.split("/"))  # relative paths kept: an .mlpackage is a directory tree
+        copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, copy)
         sources[rel] = copy
-    model_rel = next(rel for rel in built.files if rel.endswith((".onnx", ".xml")))
+    model_rel = built.model_rel
     first = next(iter(reference))
     host_agreement = argmax_agreement(golden.expected[first], golden.reference[first])
     floats = [np.abs(v) for v in golden.expected.values() if np.issubdtype(v.dtype, np.floating)]
     scale = max([1.0] + [float(np.max(v)) for v in floats if v.size])
     # Other CPUs pick other kernels: FP32 differs in the last bits, INT8/FP16 can move by a quantization step.
-    tolerance = (1e-3 if built.spec.precision == "fp32" else 5e-2) * scale
+    # TensorRT engines and CoreML run their own kernels (TF32/FP16 tactics) against this host's proxy outputs.
+    exact = built.spec.precision == "fp32" and target.format not in ("onnx-tensorrt", "coreml")
+    tolerance = (1e-3 if exact else 5e-2) * scale
+    golden_spec = GoldenSpec(count=count, max_abs_error=tolerance, min_agreement=max(0.0, host_agreement - 1.0 / count))
+    web_options = None
+    if target.runtime == "onnxruntime-web":
+        web.write_golden_json(golden, golden_spec, staging / web.GOLDEN_JSON)
+        sources[web.GOLDEN_JSON] = staging / web.GOLDEN_JSON
+        web_options = WebOptions(
+            golden_json=web.GOLDEN_JSON, ort_format=built.spec.ort_format, onnxruntime_web=web.ORT_WEB_VERSION
+        )
     artifact_sha = hashlib.sha256(b"".join(sha256_file(p).encode() for _, p in sorted(sources.items()))).hexdigest()
     bundle_id = f"{request.name}-{request.version}-{profile.name}-{artifact_sha[:8]}"
     stats = found.latencies.get(built.spec.name)
     prepared = built.prepared.model
     initializers = {init.name for init in prepared.graph.initializer}
+    custom = cops.custom_ops(prepared)
     manifest = Manifest(
         bundle_id=bundle_id,
         model_name=request.name,
@@ -288,7 +314,8 @@ def _write_bundle(
             passes=built.passes,
         ),
         providers=list(target.providers),
-        custom_op_domains=ctx.source.custom_domains,
+        custom_op_domains={op.domain: op.version for op in custom},
+        custom_ops=custom,
         opset=opset_of(prepared),
         inputs=[tensor_spec(v) for v in prepared.graph.input if v.name not in initializers],
         outputs=ctx.source.outputs,
@@ -311,8 +338,10 @@ def _write_bundle(
         )
         if stats and status.measurable
         else None,
-        golden=GoldenSpec(count=count, max_abs_error=tolerance, min_agreement=max(0.0, host_agreement - 1.0 / count)),
+        golden=golden_spec,
         source_sha256=ctx.source.sha256,
+        tensorrt=built.tensorrt,
+        web=web_options,
     )
     out_path = request.out / f"{request.name}-{request.version}-{profile.name}.bundle"
     pack_bundle(out_path, manifest, sources, request.key)

@@ -18,14 +18,15 @@ from typing import Any
 
 import numpy as np
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: files kept at their bundle-relative paths (an .mlpackage is a directory)
 
 
 def tool_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for package in ("onnx", "onnxruntime", "onnxscript", "openvino", "nncf", "numpy"):
+    packages = ("onnx", "onnxruntime", "onnxscript", "openvino", "nncf", "numpy", "torch", "onnx2torch", "coremltools")
+    for package in packages:
         try:
             found[package] = version(package)
         except PackageNotFoundError:
@@ -70,7 +71,8 @@ class BuildCache:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=final.parent))
         try:
-            for name, path in files.items():
+            for name, path in files.items():  # bundle-relative names, '/' separated
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, tmp / name)
             (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True), "utf-8")
             with (tmp / "outputs.npz").open("wb") as handle:

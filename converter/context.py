@@ -12,6 +12,7 @@ import numpy as np
 from edgefleet.converter.accuracy import Budget, MetricPlan, Score, gate, score
 from edgefleet.converter.cache import BuildCache
 from edgefleet.converter.model import SourceModel
+from edgefleet.converter.passes.custom_ops import Policy
 from edgefleet.converter.passes.graph import FixDimsConfig
 from edgefleet.core.tensors import Dataset
 
@@ -34,6 +35,8 @@ class Context:
     cache: BuildCache | None
     progress: Progress
     memo: dict[str, Any] = field(default_factory=dict)  # prepared models and built candidates, by key
+    custom_op_policy: Policy = "decompose"  # converter.passes.custom_ops: where custom ops are decomposed
+    torch_model: Path | None = None  # the user's torch model for CoreML, instead of onnx2torch's conversion
 
     def score(self, outputs: dict[str, np.ndarray]) -> Score:
         return score(outputs, self.reference, self.evaluation.labels, self.plan)

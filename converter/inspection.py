@@ -3,8 +3,8 @@
 Operators by domain and opset (counting If/Loop/Scan bodies), the signature with symbolic dimensions, and per
 profile and target: operators the runtime cannot run and why (OpenVINO: conversion and query_model; ONNX
 Runtime: the session's graph-assignment info; CoreML EP: the supported-op lists shipped with onnxruntime;
-TensorRT: its documented parser support), opset outside the profile's range, dynamic shapes where a backend
-wants static ones, custom domains.
+TensorRT: its documented parser support; onnxruntime-web: the WASM EP's kernels), opset outside the profile's
+range, dynamic shapes where a backend wants static ones, custom domains and whether a decomposition is known.
 """
 
 from __future__ import annotations
@@ -97,7 +97,15 @@ def _profile(source: SourceModel, ops: list[OpUse], dynamic: list[str], profile:
             "convert will try onnx's version converter"
         )
     if source.custom_domains:
-        notes.append(f"custom domains {sorted(source.custom_domains)}: only runtimes with those ops registered")
+        from edgefleet.converter.passes import custom_ops
+
+        known = custom_ops.decompositions()
+        custom = [op.key for op in custom_ops.custom_ops(source.proto)]
+        listed = ", ".join(f"{op} ({'decomposition known' if op in known else 'no decomposition'})" for op in custom)
+        notes.append(
+            f"custom operators {listed or sorted(source.custom_domains)}: ONNX Runtime targets load implementations; "
+            "elsewhere convert replaces known ones by standard ops"
+        )
     return ProfileVerdict(profile.name, opset_ok, [_target(source, ops, dynamic, t) for t in profile.targets], notes)
 
 
@@ -114,7 +122,9 @@ def _target(source: SourceModel, ops: list[OpUse], dynamic: list[str], target: T
         _check_tensorrt(ops, dynamic, verdict)
     elif target.runtime == "coreml" or "CoreMLExecutionProvider" in target.providers:
         _check_coreml(ops, verdict, fallback_cpu="CPUExecutionProvider" in target.providers)
-    elif target.runtime in ("onnxruntime", "onnxruntime-web"):
+    elif target.runtime == "onnxruntime-web":
+        _check_web(source, verdict)
+    elif target.runtime == "onnxruntime":
         _check_onnxruntime(source, target, verdict)
     return verdict
 
@@ -190,6 +200,18 @@ def _check_onnxruntime(source: SourceModel, target: Target, verdict: TargetVerdi
         verdict.notes.append("nodes per execution provider: " + ", ".join(f"{k} {v}" for k, v in by_ep.items()))
     if len(by_ep) > 1:
         verdict.verdict = "partial"
+
+
+def _check_web(source: SourceModel, verdict: TargetVerdict) -> None:
+    from edgefleet.converter.passes import web
+
+    verdict.notes.append(f"checked against the WASM EP's kernels (onnxruntime-web {web.ORT_WEB_VERSION})")
+    missing = web.wasm_unsupported(source.proto)
+    if missing:
+        verdict.verdict = "blocked"
+        verdict.unsupported = [Unsupported(op, why) for op, why in sorted(missing.items())]
+    if source.proto.ir_version > web.MAX_IR_VERSION:
+        verdict.notes.append(f"IR version {source.proto.ir_version}: convert caps it at {web.MAX_IR_VERSION}")
 
 
 @cache

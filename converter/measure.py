@@ -43,7 +43,9 @@ def ort_runner(model: Path | onnx.ModelProto, threads: int = 1, provider: str = 
         session = ort.InferenceSession(source, _session_options(threads), providers=[provider])
     except Exception as err:  # onnxruntime raises its own untyped exceptions
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        raise ConversionError(f"onnxruntime cannot load the model: {first}") from err
+        if "is not a registered function/op" not in first:
+            raise ConversionError(f"onnxruntime cannot load the model: {first}") from err
+        session = _custom_op_session(model, threads, provider)
     names = [o.name for o in session.get_outputs()]
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -52,6 +54,22 @@ def ort_runner(model: Path | onnx.ModelProto, threads: int = 1, provider: str = 
         return dict(zip(names, session.run(names, arrays), strict=True))
 
     return run
+
+
+def _custom_op_session(model: Path | onnx.ModelProto, threads: int, provider: str) -> ort.InferenceSession:
+    """A session for a model holding custom ops, with their implementations from the custom-op packages."""
+    from edgefleet.converter.passes.custom_ops import host_session_source
+
+    proto = onnx.load(str(model)) if isinstance(model, Path) else model
+    source, libraries = host_session_source(proto)
+    options = _session_options(threads)
+    for library in libraries:
+        options.register_custom_ops_library(library)
+    try:
+        return ort.InferenceSession(source, options, providers=[provider])
+    except Exception as err:  # onnxruntime raises its own untyped exceptions
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise ConversionError(f"onnxruntime cannot load the model with its custom ops: {first}") from err
 
 
 @cache

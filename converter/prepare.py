@@ -17,7 +17,7 @@ import onnx
 from edgefleet.converter.accuracy import Budget
 from edgefleet.converter.context import Context
 from edgefleet.converter.measure import ort_runner, predict
-from edgefleet.converter.passes import graph
+from edgefleet.converter.passes import custom_ops, graph
 from edgefleet.core.errors import ConversionError
 from edgefleet.core.manifest import PassRecord
 
@@ -32,6 +32,7 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     static_from_data: bool = False
+    decomposed: tuple[str, ...] = ()  # custom ops replaced by their standard-op decompositions
 
     @property
     def sha(self) -> str:
@@ -59,17 +60,41 @@ def shapes_from_data(ctx: Context, names: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
-def prepare(ctx: Context, opset_min: int, opset_max: int, static: bool, budget: Budget) -> Prepared:
-    key = f"prepared:{opset_min}:{opset_max}:{static}"
+def prepare(
+    ctx: Context, opset_min: int, opset_max: int, static: bool, budget: Budget, decompose: tuple[str, ...] = ()
+) -> Prepared:
+    key = f"prepared:{opset_min}:{opset_max}:{static}:{','.join(sorted(decompose))}"
     if key not in ctx.memo:
-        ctx.memo[key] = _prepare(ctx, opset_min, opset_max, static, budget)
+        ctx.memo[key] = _prepare(ctx, opset_min, opset_max, static, budget, tuple(sorted(decompose)))
     result: Prepared = ctx.memo[key]
     return result
 
 
-def _prepare(ctx: Context, opset_min: int, opset_max: int, static: bool, budget: Budget) -> Prepared:
+def _prepare(
+    ctx: Context, opset_min: int, opset_max: int, static: bool, budget: Budget, decompose: tuple[str, ...]
+) -> Prepared:
     model = ctx.source.proto
-    done = Prepared(model)
+    done = Prepared(model, decomposed=decompose)
+    if decompose:
+        # Mandatory when asked for (the target cannot load the op), so a failure or a miss of the gate ends here.
+        try:
+            candidate = custom_ops.decompose(model, custom_ops.DecomposeConfig(decompose))
+            result = ctx.score(predict(ort_runner(candidate, ctx.threads), ctx.evaluation))
+        except ConversionError as err:
+            return Prepared(None, error=f"cannot decompose custom operators: {err}", decomposed=decompose)
+        reason = ctx.gate(result, budget)
+        if reason is None and result.sqnr_db < GRAPH_PASS_MIN_SQNR_DB:
+            reason = f"SQNR {result.sqnr_db:.1f} dB under {GRAPH_PASS_MIN_SQNR_DB:.0f} dB"
+        if reason:
+            return Prepared(
+                None, error=f"the decomposition of {', '.join(decompose)} misses the accuracy gate: {reason}"
+            )
+        model = candidate
+        done.passes.append(
+            PassRecord(
+                name="decompose-custom-ops", params={"ops": list(decompose), "sqnr_db": round(result.sqnr_db, 2)}
+            )
+        )
     if ctx.pins:
         model = graph.pin_inputs(model, graph.PinConfig(ctx.pins))
         done.passes.append(PassRecord(name="pin-inputs", params={k: str(v.tolist()) for k, v in ctx.pins.items()}))

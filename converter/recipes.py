@@ -97,5 +97,5 @@ def _disqualification(cand: Candidate, floor: float, reference: float, max_drop:
             f"(FP32 reference {reference:.4f} minus {max_drop:.4f})"
         )
     if cand.size_bytes > size_limit:
-        return f"size {cand.size_bytes / 1e6:.1f} MB over the profile's limit {size_limit / 1e6:.1f} MB"
+        return f"size {cand.size_bytes / 1e6:.3g} MB over the profile's limit {size_limit / 1e6:.3g} MB"
     return ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -14,17 +14,22 @@ from edgefleet.converter.accuracy import Budget
 from edgefleet.converter.candidates import Built, Spec, build
 from edgefleet.converter.context import Context
 from edgefleet.converter.measure import LatencyStats, interleaved_latency
+from edgefleet.converter.passes import coreml as cml
+from edgefleet.converter.passes import custom_ops as cops
 from edgefleet.converter.passes import openvino as ovp
 from edgefleet.converter.passes import precision as prec
+from edgefleet.converter.passes import tensorrt as trt
 from edgefleet.converter.prepare import Prepared, dynamic_inputs, prepare
 from edgefleet.converter.recipes import Candidate, Choice, choose
 from edgefleet.converter.targets import TargetStatus, target_label, target_status
 from edgefleet.core.errors import ConversionError
+from edgefleet.core.manifest import CustomOp
 from edgefleet.core.profiles import HostFacts, Profile, Target
 
 log = logging.getLogger(__name__)
 
 RETRY_CALIBRATIONS: tuple[prec.CalibrationName, ...] = ("percentile", "entropy")
+QUANT_RETRY_KINDS = ("ort-int8-static", "ov-nncf")
 EXCLUDE_STEPS = (3, 10)  # worst layers kept in float on successive retries
 
 
@@ -51,15 +56,25 @@ def search(
 ) -> ProfileSearch:
     result = ProfileSearch(profile, budget)
     order = 0
+    custom = _source_custom_ops(ctx)
     for target in profile.targets:
         status = target_status(profile, target, facts, providers)
         label = target_label(target)
         if not status.buildable:
             result.notes.append(f"{label}: {status.reason}")
             continue
+        ops_plan = cops.plan(custom, ctx.custom_op_policy, target.runtime, target.format)
+        if ops_plan.blocked:
+            why = "; ".join(f"{op}: {reason}" for op, reason in ops_plan.blocked.items())
+            result.notes.append(f"{label}: cannot run custom operators: {why}")
+            continue
         if not status.measurable:
             result.notes.append(f"{label}: latency not measured: {status.reason}")
-        prepared = prepare(ctx, profile.opset.min, profile.opset.max, target.static_shapes, budget)
+        if ops_plan.keep:
+            result.notes.append(f"{label}: keeps custom operators {', '.join(ops_plan.keep)} (the device needs them)")
+        prepared = prepare(
+            ctx, profile.opset.min, profile.opset.max, target.static_shapes, budget, decompose=ops_plan.decompose
+        )
         if prepared.model is None:
             result.notes.append(f"{label}: {prepared.error}")
             continue
@@ -68,6 +83,7 @@ def search(
             for built in _attempts(ctx, profile, target, status, prepared, precision, budget, result):
                 order += 1
                 result.built.append((built, target, status, order))
+                result.notes.extend(f"{built.spec.name}: {n}" for n in built.notes)
                 if built.error is None and built.gate is None:
                     break
     _measure(ctx, result)
@@ -81,8 +97,17 @@ def search(
     return result
 
 
+def _source_custom_ops(ctx: Context) -> list[CustomOp]:
+    if "custom-ops" not in ctx.memo:
+        ctx.memo["custom-ops"] = cops.custom_ops(ctx.source.proto)
+    found: list[CustomOp] = ctx.memo["custom-ops"]
+    return found
+
+
 def _suffix(target: Target, prepared_static: bool) -> str:
-    runtime = "ov" if target.runtime == "openvino" else "ort"
+    runtime = {"openvino": "ov", "coreml": "coreml", "onnxruntime-web": "web"}.get(target.runtime, "ort")
+    if target.format == "onnx-tensorrt":
+        runtime = "trt"
     device = target.providers[0].split(":")[-1].lower() if target.runtime == "openvino" else ""
     return runtime + (f"-{device}" if device and device != "cpu" else "") + ("-static" if prepared_static else "")
 
@@ -111,24 +136,24 @@ def _attempts(
     if first.error and not prepared.static_from_data and dynamic_inputs(prepared.model or onnx.ModelProto()):
         # OpenVINO (and some EPs) cannot compile graphs whose control flow depends on dynamic shapes: retry
         # with the dimensions the data uses.
-        static = prepare(ctx, profile.opset.min, profile.opset.max, True, budget)
+        static = prepare(ctx, profile.opset.min, profile.opset.max, True, budget, decompose=prepared.decomposed)
         if static.model is not None:
             yield from _attempts(ctx, profile, target, status, static, precision, budget, result)
         return
-    if first.error or first.gate is None or precision != "int8-static":
-        return
-    if target.runtime == "onnxruntime":
+    if first.error or first.gate is None or precision != "int8-static" or first.spec.kind not in QUANT_RETRY_KINDS:
+        return  # TensorRT's INT8 is calibrated on the device from the table: nothing to retry here
+    if first.spec.kind == "ort-int8-static":
         assert isinstance(first.spec.config, prec.StaticConfig)
         config = first.spec.config
         for method in RETRY_CALIBRATIONS:
-            spec = Spec(f"{base}-int8-static-{method}", "ort-int8-static", precision, target.runtime, target.format,
-                        run_on, dataclasses_replace(config, calibration=method))  # fmt: skip
+            spec = replace(first.spec, name=f"{base}-int8-static-{method}",
+                           config=dataclasses_replace(config, calibration=method))  # fmt: skip
             ctx.progress(f"{profile.name}: retrying INT8 with {method} calibration")
             built = build(ctx, prepared, spec, budget)
             yield built
             if built.error is None and built.gate is None:
                 return
-    if target.runtime == "openvino":
+    if first.spec.kind == "ov-nncf":
         spec = Spec(f"{base}-int8-nncf-mixed", "ov-nncf", precision, target.runtime, target.format, run_on,
                     ovp.NNCFConfig(preset="mixed"), hint=hint)  # fmt: skip
         ctx.progress(f"{profile.name}: retrying NNCF INT8 with the mixed preset")
@@ -141,11 +166,10 @@ def _attempts(
         names = tuple(worst[: 2 * count])
         if not names:
             return
-        if target.runtime == "onnxruntime":
+        if first.spec.kind == "ort-int8-static":
             assert isinstance(first.spec.config, prec.StaticConfig)
             config = dataclasses_replace(first.spec.config, exclude_nodes=names)
-            spec = Spec(f"{base}-int8-static-exclude{count}", "ort-int8-static", precision, target.runtime,
-                        target.format, run_on, config)  # fmt: skip
+            spec = replace(first.spec, name=f"{base}-int8-static-exclude{count}", config=config)
         else:
             spec = Spec(f"{base}-int8-nncf-exclude{count}", "ov-nncf", precision, target.runtime, target.format,
                         run_on, ovp.NNCFConfig(preset="mixed", ignored_nodes=names), hint=hint)  # fmt: skip
@@ -163,6 +187,21 @@ def dataclasses_replace(config: prec.StaticConfig, **changes: object) -> prec.St
 
 
 def _first_specs(base: str, target: Target, run_on: str, hint: str | None, precision: str) -> list[Spec]:
+    rt, fmt = target.runtime, target.format
+    if rt == "coreml":
+        if precision not in ("fp32", "fp16", "int8-weights"):
+            return []
+        return [Spec(f"{base}-{precision}", "coreml", precision, rt, fmt, run_on, cml.CoreMLConfig(precision))]  # type: ignore[arg-type]
+    if fmt == "onnx-tensorrt":
+        if precision not in ("fp32", "fp16", "int8-static"):
+            return []
+        name = f"{base}-int8-calibrated" if precision == "int8-static" else f"{base}-{precision}"
+        return [Spec(name, "trt", precision, rt, fmt, run_on, trt.TensorRTConfig(precision))]  # type: ignore[arg-type]
+    specs = _ort_specs(base, target, run_on, hint, precision)
+    return [replace(s, ort_format=True) for s in specs] if target.ort_format else specs
+
+
+def _ort_specs(base: str, target: Target, run_on: str, hint: str | None, precision: str) -> list[Spec]:
     rt, fmt = target.runtime, target.format
     if rt == "openvino":
         if precision == "fp32":

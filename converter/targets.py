@@ -3,22 +3,20 @@
 A target is *buildable* when the converter knows how to produce its format, and *measurable* when this host
 is the profile's hardware and has the target's runtime and device; a buildable target that is not measurable
 is built and its accuracy checked on this host's CPU (a proxy), but its latency is not measured.
+
+Proxies: TensorRT bundles run here as the same recipe on the CPU EP (the engine is built on the device);
+onnxruntime-web bundles on the CPU EP (the WASM EP's kernels are the CPU kernels compiled to WebAssembly);
+CoreML packages off macOS as the onnx2torch module in torch with the recipe emulated.
 """
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 
 from edgefleet.converter.measure import openvino_devices
+from edgefleet.converter.passes import coreml as cml
 from edgefleet.core.profiles import HostFacts, Profile, Target, match_reasons
-
-NOT_YET = {
-    "onnx-tensorrt": "TensorRT bundles (ONNX + TensorRT EP options, engine built on the device) are not built by "
-    "this converter yet",
-    "coreml": "CoreML bundles (ONNX → onnx2torch → coremltools mlprogram) are not built by this converter yet",
-    "onnxruntime-web": "onnxruntime-web bundles (ops checked against the WASM/WebGPU EPs) are not built by this "
-    "converter yet",
-}
 
 
 @dataclass(frozen=True)
@@ -34,11 +32,23 @@ def target_label(target: Target) -> str:
 
 
 def target_status(profile: Profile, target: Target, facts: HostFacts, ort_providers: frozenset[str]) -> TargetStatus:
-    if target.format in NOT_YET:
-        return TargetStatus(False, False, "", NOT_YET[target.format])
-    if target.runtime in NOT_YET:
-        return TargetStatus(False, False, "", NOT_YET[target.runtime])
     misses = match_reasons(profile, facts)
+    if target.runtime == "coreml":
+        missing = cml.missing_packages()
+        if missing:
+            return TargetStatus(False, False, "", missing)
+        if platform.system() != "Darwin":
+            return TargetStatus(
+                True, False, "torch", "CoreML predicts only on macOS: accuracy from the onnx2torch module in torch"
+            )
+        if misses:
+            return TargetStatus(True, False, "torch", f"this host is not {profile.name} ({'; '.join(misses)})")
+        return TargetStatus(True, True, target.providers[0], "")
+    if target.runtime == "onnxruntime-web":
+        return TargetStatus(
+            True, False, "CPUExecutionProvider", "runs in a web browser: accuracy on the CPU EP, whose kernels the "
+            "WASM EP compiles to WebAssembly; latency is measured in the browser, not here"
+        )  # fmt: skip
     if target.runtime == "onnxruntime":
         here = [p for p in target.providers if p in ort_providers]
         if not here:

@@ -12,6 +12,7 @@ Provider names, as manifests and profiles write them:
   "CPUExecutionProvider", "CUDAExecutionProvider", ...   ONNX Runtime with that execution provider
   "openvino:CPU", "openvino:GPU", "openvino:NPU", ...    the OpenVINO runtime on that device
   "coreml:ALL", "coreml:CPU_AND_NE", ...                 CoreML (macOS) with those compute units
+  "web:wasm", "web:webgpu"                               onnxruntime-web in a browser (never in this agent)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgefleet.core.errors import BundleError, UnknownNameError
+from edgefleet.core.manifest import TensorRTOptions
 
 
 class LoadError(BundleError):
@@ -62,6 +64,10 @@ class LoadOptions:
     precision: str = "fp32"  # the bundle's recipe precision; fp32 bundles ask runtimes not to downcast
     cache_dir: Path | None = None  # compiled blobs and engines go under here (one folder per backend)
     outputs: tuple[str, ...] = ()  # the manifest's output names, in order
+    model_sha256: str = ""  # the bundle's model artifact (keys compiled engines); "" for a bare model file
+    bundle_dir: Path | None = None  # the unpacked bundle (files the options name, e.g. a calibration table)
+    tensorrt: TensorRTOptions | None = None  # the bundle's TensorRT EP options
+    custom_op_libraries: tuple[str, ...] = ()  # custom-op libraries to register before loading
 
 
 class CancelToken:
@@ -114,6 +120,7 @@ class Backend(ABC):
     title: ClassVar[str]  # e.g. "ONNX Runtime"
     formats: ClassVar[tuple[str, ...]]  # bundle formats it can load
     known_providers: ClassVar[tuple[str, ...]]  # the provider names it documents (others may be claimed too)
+    hosts_custom_ops: ClassVar[bool] = False  # can register custom-op implementations (LoadOptions)
 
     @abstractmethod
     def claims(self, provider: str) -> bool:
@@ -130,6 +137,11 @@ class Backend(ABC):
     @abstractmethod
     def load(self, model_path: Path, provider: str, options: LoadOptions, cancel: CancelToken) -> Session:
         """Load `model_path` for `provider`; raise LoadError with the runtime's reason when it cannot."""
+
+    def compiles_on_load(self, provider: str, options: LoadOptions) -> bool:
+        """Whether this load will compile something slow that is not cached yet (a TensorRT engine): the
+        selection then allows the engine build its own, longer time limit."""
+        return False
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -170,8 +182,8 @@ def backend_for(provider: str) -> Backend:
     raise UnknownNameError("provider", provider, [p for b in backends() for p in b.known_providers])
 
 
-def availability(provider: str, bundle_format: str) -> Availability:
-    """Whether `provider` can run a bundle of `bundle_format` here. Never raises."""
+def availability(provider: str, bundle_format: str, *, custom_ops: Sequence[str] = ()) -> Availability:
+    """Whether `provider` can run a bundle of `bundle_format` (holding `custom_ops`) here. Never raises."""
     try:
         backend = backend_for(provider)
     except UnknownNameError as err:
@@ -180,6 +192,8 @@ def availability(provider: str, bundle_format: str) -> Availability:
         return Availability.no(
             f"{backend.title} cannot load {bundle_format} bundles (it loads {', '.join(backend.formats)})"
         )
+    if custom_ops and not backend.hosts_custom_ops:
+        return Availability.no(f"{backend.title} cannot load custom operators ({', '.join(custom_ops)})")
     try:
         return backend.availability(provider)
     except Exception as err:  # a probe that breaks disables the provider, it never takes the agent down

@@ -1,7 +1,9 @@
 """ONNX Runtime: CPU, CUDA, TensorRT, OpenVINO (EP plugin or an ORT build with it) and CoreML EPs.
 
 Provider names are ORT's own EP names. A session is refused when ORT silently put the graph on another
-EP than the one asked for (ORT only warns when a provider is missing and falls back to CPU).
+EP than the one asked for (ORT only warns when a provider is missing and falls back to CPU). Custom-op
+libraries named in the load options are registered first. TensorRT engines are built at the first load and
+cached per model, TensorRT version and GPU architecture (backends/tensorrt_engines.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from edgefleet.agent.backends import (
     optional_import,
     register,
 )
+from edgefleet.agent.backends import tensorrt_engines as engines
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,7 @@ class OnnxRuntimeBackend(Backend):
     title = "ONNX Runtime"
     formats = ("onnx", "onnx-tensorrt")
     known_providers = (CPU, CUDA, TENSORRT, OPENVINO, COREML)
+    hosts_custom_ops = True  # registered libraries; their nodes run on the CPU EP inside any session
 
     def claims(self, provider: str) -> bool:
         return provider.endswith("ExecutionProvider") and ":" not in provider
@@ -121,7 +125,12 @@ class OnnxRuntimeBackend(Backend):
         if provider == OPENVINO and provider not in ort.get_available_providers():
             plugin = distribution_version(_PLUGIN_PACKAGE)
             text += f" + {_PLUGIN_PACKAGE} {plugin}" if plugin else f" (no {_PLUGIN_PACKAGE})"
+        if provider == TENSORRT and provider in ort.get_available_providers():
+            text += f" + TensorRT {engines.tensorrt_version()}"  # an upgrade measures (and builds) again
         return text
+
+    def compiles_on_load(self, provider: str, options: LoadOptions) -> bool:
+        return provider == TENSORRT and not engines.has_engine(options)
 
     def load(self, model_path: Path, provider: str, options: LoadOptions, cancel: CancelToken) -> Session:
         so = ort.SessionOptions()
@@ -129,6 +138,13 @@ class OnnxRuntimeBackend(Backend):
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         cancel.on_cancel(lambda: so.set_load_cancellation_flag(True))
+        for library in options.custom_op_libraries:
+            try:
+                so.register_custom_ops_library(library)
+            except Exception as err:  # a library built for another ORT ABI, or not a library at all
+                raise LoadError(f"cannot register custom-op library {library}: {err}") from err
+        if provider == TENSORRT:
+            engines.prepare_engine_dir(options)
         if provider == OPENVINO and provider not in ort.get_available_providers():
             devices, reason = _openvino_plugin()
             cpu = [d for d in devices if d.ep_metadata.get("ov_device") == "CPU"] or devices
@@ -156,17 +172,7 @@ def provider_options(provider: str, options: LoadOptions, *, plugin: bool = Fals
     if provider == CUDA:
         return {"device_id": "0", "cudnn_conv_algo_search": "HEURISTIC"}  # EXHAUSTIVE can take minutes at load
     if provider == TENSORRT:
-        engines = str(cache / "tensorrt") if cache else ""
-        result = {
-            "device_id": "0",
-            "trt_fp16_enable": str(options.precision == "fp16"),
-            "trt_int8_enable": str(options.precision.startswith("int8")),
-            "trt_engine_cache_enable": str(bool(cache)),
-            "trt_timing_cache_enable": str(bool(cache)),
-        }
-        if engines:
-            result.update(trt_engine_cache_path=engines, trt_timing_cache_path=engines)
-        return result
+        return engines.session_options(options)
     if provider == OPENVINO:
         hints: dict[str, str] = {"PERFORMANCE_HINT": "LATENCY"}
         if options.precision == "fp32":

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgefleet.converter.passes import graph, openvino, precision
+from edgefleet.converter.passes import coreml, custom_ops, graph, openvino, precision, tensorrt, web
 from edgefleet.converter.passes.ort import PassResult, optimize_portable
 
 __all__ = ["PASSES", "PassInfo", "PassResult", "optimize_portable"]
@@ -65,6 +65,19 @@ PASSES: dict[str, PassInfo] = {
         PassInfo("nncf-int8", "precision", "NNCF post-training INT8 on the OpenVINO model",
                  openvino.quantize_nncf, ("nncf", "openvino"), ("openvino",), ("int8-static",),
                  needs_calibration=True),
+        PassInfo("decompose-custom-ops", "graph", "known custom ops inlined as standard-op ONNX functions",
+                 custom_ops.decompose, ("onnx",), _ANY),
+        PassInfo("coreml-mlprogram", "export", "ONNX → onnx2torch → coremltools ML Program (.mlpackage), "
+                 "FP16/FP32 compute, optional int8 linear weight quantization", coreml.export_mlpackage,
+                 ("torch", "onnx2torch", "coremltools"), ("coreml",), ("fp16", "fp32", "int8-weights"),
+                 portable=False),
+        PassInfo("tensorrt-calibration-table", "export", "INT8 calibration table for the TensorRT EP "
+                 "(onnxruntime write_calibration_table, symmetric MinMax)", tensorrt.write_calibration_table,
+                 ("onnxruntime",), ("onnxruntime",), ("int8-static",), needs_calibration=True),
+        PassInfo("web-check", "export", "operators checked against onnxruntime-web's WASM EP, IR version capped",
+                 web.for_web, ("onnx", "onnxruntime"), ("onnxruntime-web",)),
+        PassInfo("ort-format", "export", "ONNX Runtime's ORT format (basic optimizations only)", web.to_ort_format,
+                 ("onnxruntime",), ("onnxruntime-web",), portable=False),
     ]
 }  # fmt: skip
 

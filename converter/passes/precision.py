@@ -54,11 +54,13 @@ def to_fp16(model: onnx.ModelProto, config: Fp16Config = Fp16Config()) -> onnx.M
     """Float tensors to float16; inputs and outputs stay float32 so callers feed the same data."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
+    # Custom operators keep float32: their implementations declare the element types they take.
+    custom = sorted({n.op_type for n in graph_nodes(model.graph) if n.domain not in ("", "ai.onnx", "ai.onnx.ml")})
     try:
         return convert_float_to_float16(
             copy_model(model),
             keep_io_types=config.keep_io_types,
-            op_block_list=[*DEFAULT_OP_BLOCK_LIST, *config.op_block_list],
+            op_block_list=[*DEFAULT_OP_BLOCK_LIST, *config.op_block_list, *custom],
             node_block_list=list(config.node_block_list) or None,
         )
     except Exception as err:  # the converter raises ValueError / onnx errors
@@ -138,6 +140,7 @@ class StaticConfig:
     exclude_nodes: tuple[str, ...] = ()
     exclude_op_types: tuple[str, ...] = ()
     max_samples: int = 256
+    symmetric_activations: bool = False  # zero-point-free activation ranges (what TensorRT's INT8 computes)
 
     def params(self) -> dict[str, str | int | float | bool | list[str] | None]:
         return {
@@ -201,7 +204,7 @@ def quantize_int8_static(model: onnx.ModelProto, config: StaticConfig, calibrati
         "percentile": CalibrationMethod.Percentile,
         "entropy": CalibrationMethod.Entropy,
     }[config.calibration]
-    extra: dict[str, object] = {"CalibTensorRangeSymmetric": False}
+    extra: dict[str, object] = {"CalibTensorRangeSymmetric": False, "ActivationSymmetric": config.symmetric_activations}
     if config.calibration == "percentile":
         extra["CalibPercentile"] = config.percentile
     if config.calibration == "entropy":

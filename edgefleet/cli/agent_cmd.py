@@ -54,11 +54,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="use P whenever it passes the golden set, even when slower (repeatable, in order)",
     )
     choice.add_argument("--exclude-provider", action="append", default=[], metavar="P", help="never use P")
+    choice.add_argument(
+        "--engine-build-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds allowed for a load that builds a TensorRT engine",
+    )
+    ops = parser.add_argument_group("custom operators")
+    ops.add_argument(
+        "--custom-ops",
+        action="append",
+        default=[],
+        metavar="PACKAGE",
+        help="custom-op package (.py file or module) this device runs (also $EDGEFLEET_CUSTOM_OPS)",
+    )
+    ops.add_argument(
+        "--custom-op-libs",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="directory of compiled custom-op libraries (also $EDGEFLEET_CUSTOM_OP_LIBS)",
+    )
     choice.add_argument("--load-timeout", type=float, default=60.0, help="seconds before a loading provider is skipped")
     parser.set_defaults(func=cmd_agent)
 
 
 def cmd_agent(args: argparse.Namespace) -> None:
+    from edgefleet.agent import custom_ops
     from edgefleet.agent.daemon import Agent
 
     if args.verbose == 0:
@@ -68,6 +91,7 @@ def cmd_agent(args: argparse.Namespace) -> None:
     except ValidationError as err:
         first = err.errors()[0]
         raise UserInputError(f"invalid agent option {'.'.join(map(str, first['loc']))}: {first['msg']}") from err
+    custom_ops.configure(args.custom_ops, args.custom_op_libs)
     agent = Agent(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
@@ -92,7 +116,12 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         tls_ca=args.ca,
         tls_cert=args.cert,
         tls_key=args.key,
-        selection=Policy(prefer=args.prefer_provider, exclude=args.exclude_provider, load_timeout_s=args.load_timeout),
+        selection=Policy(
+            prefer=args.prefer_provider,
+            exclude=args.exclude_provider,
+            load_timeout_s=args.load_timeout,
+            engine_build_timeout_s=args.engine_build_timeout,
+        ),
         http=None
         if args.no_http
         else ServiceConfig(

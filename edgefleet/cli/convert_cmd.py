@@ -35,6 +35,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--runtime", action="append", default=None, help="only targets of this runtime (repeat)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default $EDGEFLEET_HOME/cache)")
     parser.add_argument("--no-cache", action="store_true", help="build every candidate afresh")
+    parser.add_argument(
+        "--custom-ops",
+        choices=["decompose", "host", "keep"],
+        default="decompose",
+        help="custom operators: standard-op decompositions where known (default), keep them on runtimes that load "
+        "them (host), or never decompose (keep)",
+    )
+    parser.add_argument(
+        "--torch-model",
+        type=Path,
+        default=None,
+        help="CoreML targets: your torch model (.pt2 torch.export or .pt TorchScript) instead of onnx2torch",
+    )
     add_json(parser)
     parser.set_defaults(func=cmd_convert)
 
@@ -83,6 +96,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         input_shapes={k: _ints(v, "--input-shape") for k, v in _pairs(args.input_shape, "--input-shape").items()},
         runtimes=tuple(args.runtime) if args.runtime else None,
         cache_dir=None if args.no_cache else (args.cache_dir or edgefleet_home() / "cache" / "convert"),
+        custom_ops=args.custom_ops,
+        torch_model=args.torch_model,
     )
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("converting", total=None)

@@ -6,14 +6,14 @@ import re
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 MANIFEST_SCHEMA_VERSION = 1
 _VERSION = re.compile(r"^\d+(\.\d+){0,3}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
-Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static"]
+Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static", "int8-weights"]
 Metric = Literal["top1", "argmax-agreement", "sqnr-db"]
 
 
@@ -82,6 +82,45 @@ class GoldenSpec(Frozen):
     )
 
 
+class CustomOp(Frozen):
+    """One operator outside the standard ONNX domains that the model still contains."""
+
+    domain: str
+    op_type: str
+    version: int = Field(ge=0, description="the domain's opset version the model imports")
+    library: str | None = Field(
+        default=None,
+        description="file name of the compiled custom-op library that implements it (the device looks it up in "
+        "its custom-op directories); None: any implementation the device has",
+    )
+
+    @property
+    def key(self) -> str:
+        return f"{self.domain}::{self.op_type}"
+
+
+class TensorRTOptions(Frozen):
+    """What ONNX Runtime's TensorRT EP is told when the device builds the engine from the bundle's ONNX."""
+
+    fp16: bool = Field(description="trt_fp16_enable")
+    int8: bool = Field(description="trt_int8_enable (with the calibration table)")
+    calibration_table: str | None = Field(
+        default=None, description="bundle path of the INT8 calibration table (onnxruntime write_calibration_table)"
+    )
+    builder_optimization_level: int = Field(default=3, ge=0, le=5)
+
+
+class WebOptions(Frozen):
+    """How a browser page runs the bundle with onnxruntime-web."""
+
+    golden_json: str = Field(description="bundle path of the golden set as JSON (base64 little-endian tensors)")
+    ort_format: bool = Field(default=False, description="the model file is in ONNX Runtime's ORT format")
+    onnxruntime_web: str = Field(description="the onnxruntime-web version its operators were checked against")
+
+
+_OPTIONAL_BLOCKS = ("custom_ops", "tensorrt", "web")
+
+
 class Manifest(Frozen):
     schema_version: int = MANIFEST_SCHEMA_VERSION
     bundle_id: str
@@ -93,6 +132,7 @@ class Manifest(Frozen):
     recipe: Recipe
     providers: list[str] = Field(description="execution providers the bundle allows, in preference order")
     custom_op_domains: dict[str, int] = Field(default_factory=dict)
+    custom_ops: list[CustomOp] = Field(default_factory=list, description="the non-standard operators it uses")
     opset: dict[str, int]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -103,6 +143,17 @@ class Manifest(Frozen):
     source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the source ONNX model")
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     min_agent_version: str = "0.1.0"
+    tensorrt: TensorRTOptions | None = Field(default=None, description="onnx-tensorrt bundles: the TensorRT EP options")
+    web: WebOptions | None = Field(default=None, description="browser bundles: what the onnxruntime-web page needs")
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """The optional blocks are left out when unused, so agents that predate them still parse such bundles."""
+        data: dict[str, object] = handler(self)
+        for key in _OPTIONAL_BLOCKS:
+            if key in data and not data[key]:
+                del data[key]
+        return data
 
     @field_validator("model_name")
     @classmethod

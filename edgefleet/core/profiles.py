@@ -16,7 +16,7 @@ from edgefleet.core.errors import UnknownNameError, UserInputError
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
 
-Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static"]
+Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static", "int8-weights"]
 Runtime = Literal["onnxruntime", "openvino", "coreml", "tensorrt", "onnxruntime-web"]
 BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
 
@@ -89,6 +89,21 @@ class Target(_Frozen):
     static_shapes: bool = Field(
         default=False, description="the runtime compiles for fixed input shapes (e.g. the Intel NPU)"
     )
+    ort_format: bool = Field(
+        default=False,
+        description="onnxruntime-web: ship the model in ONNX Runtime's ORT format (smaller, loads faster; only "
+        "basic graph optimizations are baked in, so it stays portable)",
+    )
+
+    @model_validator(mode="after")
+    def _options_fit_runtime(self) -> Target:
+        if "int8-weights" in self.precisions and self.runtime != "coreml":
+            raise ValueError("int8-weights (weight-only quantization) is a CoreML recipe; use int8-static elsewhere")
+        if self.ort_format and self.runtime != "onnxruntime-web":
+            raise ValueError("ort_format applies to onnxruntime-web targets only")
+        if self.format == "onnx-tensorrt" and "TensorrtExecutionProvider" not in self.providers:
+            raise ValueError("onnx-tensorrt targets must list TensorrtExecutionProvider")
+        return self
 
     @model_validator(mode="after")
     def _providers_fit_runtime(self) -> Target:
