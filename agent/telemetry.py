@@ -41,9 +41,10 @@ class RequestStats:
             self._outcomes.append(False)
 
     def reset_health(self) -> None:
-        """A new model starts with a clean record."""
+        """A new model starts with a clean record: no old failures, no old latencies in its percentiles."""
         with self._lock:
             self._outcomes.clear()
+            self._latencies.clear()
 
     def failure_ratio(self, window: int) -> tuple[float, int]:
         """Share of runtime failures among the last `window` valid requests, and how many there were."""

@@ -174,6 +174,7 @@ def test_a_compiled_library_named_by_the_bundle_is_found_and_registered(
 ) -> None:
     """onnxruntime-extensions' own shared library stands in for a compiled custom-op library (ai.onnx.contrib)."""
     import onnxruntime_extensions as extensions  # in the host extra: a missing install fails, never skips
+
     library = Path(extensions.get_library_path())
     op = CustomOp(domain="ai.onnx.contrib", op_type="Inverse", version=1, library=library.name)
     monkeypatch.delenv(agent_ops.LIBRARY_ENV_VAR, raising=False)

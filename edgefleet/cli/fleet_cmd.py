@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_broker(status)
     add_json(status)
     status.set_defaults(func=cmd_fleet_status)
+    from edgefleet.cli.control_cmd import register_fleet_watch
+
+    register_fleet_watch(verbs)
 
 
 def cmd_broker(args: argparse.Namespace) -> None:

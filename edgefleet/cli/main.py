@@ -8,10 +8,20 @@ import sys
 from collections.abc import Sequence
 
 from edgefleet import __version__
-from edgefleet.cli import agent_cmd, bundles, convert_cmd, demo_cmd, fleet_cmd, inspect_cmd, keys, profiles_cmd
+from edgefleet.cli import (
+    agent_cmd,
+    bundles,
+    control_cmd,
+    convert_cmd,
+    demo_cmd,
+    fleet_cmd,
+    inspect_cmd,
+    keys,
+    profiles_cmd,
+)
 from edgefleet.core.errors import EdgefleetError
 
-COMMANDS = (profiles_cmd, keys, inspect_cmd, convert_cmd, bundles, fleet_cmd, agent_cmd, demo_cmd)
+COMMANDS = (profiles_cmd, keys, inspect_cmd, convert_cmd, bundles, fleet_cmd, control_cmd, agent_cmd, demo_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,171 @@
+"""`edgefleet control serve`: ingestion, the rollout engine, desired-state sync, compaction and the dashboard.
+
+Several processes may run against one broker and one store: each ingests its share of telemetry and
+events (shared subscriptions); the one holding the engine lease runs rollouts and publishes desired
+state; a process that dies loses the lease within `lease_ttl_s` and another takes over, reading the
+rollouts where the store left them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from types import TracebackType
+
+from edgefleet.control.dashboard import DashboardServer
+from edgefleet.control.desired import DesiredPublisher
+from edgefleet.control.ingest import Ingestor
+from edgefleet.control.rollout_engine import ENGINE_LEASE, RolloutEngine
+from edgefleet.control.store import Store, open_store
+from edgefleet.core.errors import EdgefleetError
+from edgefleet.core.mqtt import Connection, Protocol, TlsFiles
+from edgefleet.core.topics import DEFAULT_PREFIX, Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    broker: str
+    store_url: str
+    prefix: str = DEFAULT_PREFIX
+    protocol: Protocol = "auto"
+    tls: TlsFiles | None = None
+    instance: str = "main"
+    share_group: str | None = "edgefleet"
+    ingest: bool = True
+    engine: bool = True
+    http_host: str = "127.0.0.1"
+    http_port: int | None = 8780
+    tick_s: float = 1.0
+    sync_every_s: float = 5.0
+    lease_ttl_s: float = 10.0
+    session_expiry_s: int = 600
+    compact_every_s: float = 60.0
+    raw_retention_s: float = 6 * 3600.0
+    bucket_s: float = 60.0
+    rollup_retention_s: float = 30 * 86400.0
+    event_retention_s: float = 30 * 86400.0
+
+
+class ControlPlane:
+    def __init__(self, config: ControlConfig, store: Store | None = None) -> None:
+        self.config = config
+        self.store = store or open_store(config.store_url)
+        self.topics = Topics(config.prefix)
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{config.instance}"
+        self.conn = Connection(
+            config.broker,
+            f"edgefleet-control-{config.instance}",
+            protocol=config.protocol,
+            tls=config.tls,
+            session_expiry_s=config.session_expiry_s,
+        )
+        self.ingestor: Ingestor | None = None
+        self.publisher = DesiredPublisher(self.conn, self.topics, self.store)
+        self.engine = RolloutEngine(self.store, self.publisher)
+        self.dashboard: DashboardServer | None = None
+        self.leader = False
+        self._stop = threading.Event()
+        self._stopped = False
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def dashboard_url(self) -> str | None:
+        return self.dashboard.url if self.dashboard else None
+
+    def start(self, wait: float = 10.0) -> ControlPlane:
+        if self.config.ingest:
+            self.ingestor = Ingestor(self.conn, self.topics, self.store, share_group=self.config.share_group)
+            self.ingestor.start()  # subscriptions are made on connect
+        self.conn.start(wait=wait)
+        if self.ingestor is not None:
+            self.ingestor.check_shared()
+        if self.config.http_port is not None:
+            self.dashboard = DashboardServer(self.store, self.config.http_host, self.config.http_port).start()
+            log.info("dashboard on %s", self.dashboard.url)
+        if self.config.engine:
+            self._spawn("rollout-engine", self._engine_loop)
+        if self.config.ingest and self.config.compact_every_s > 0:
+            self._spawn("compaction", self._compact_loop)
+        return self
+
+    def _spawn(self, name: str, target: object) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, retire: bool = False) -> None:
+        """Stop. The broker keeps this instance's persistent session (`session_expiry_s`) and queues its share
+        of telemetry for a restart under the same `instance` name; `retire=True` leaves the shared
+        subscriptions first, so the other instances get that share instead. Calling it twice is harmless."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+        if self.leader:
+            try:
+                self.store.release_lease(ENGINE_LEASE, self.holder)
+            except EdgefleetError as err:
+                log.warning("cannot release the engine lease: %s", err)
+        if retire and self.ingestor is not None and self.conn.connected:
+            self.ingestor.retire()
+        self.conn.stop()
+        if self.ingestor is not None:
+            self.ingestor.stop()
+        if self.dashboard is not None:
+            self.dashboard.stop()
+        self.store.close()
+
+    def request_stop(self) -> None:
+        """Make `run_forever` return (safe from a signal handler)."""
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        while not self._stop.wait(1.0):
+            pass
+
+    def _engine_loop(self) -> None:
+        last_sync = 0.0
+        while not self._stop.is_set():
+            try:
+                now = time.time()
+                leader = self.store.acquire_lease(ENGINE_LEASE, self.holder, self.config.lease_ttl_s, now)
+                if leader != self.leader:
+                    log.info("%s the rollout engine lease", "took" if leader else "lost")
+                    self.leader = leader
+                if leader and self.conn.connected:
+                    if time.monotonic() - last_sync >= self.config.sync_every_s:
+                        self.publisher.sync()
+                        last_sync = time.monotonic()
+                    self.engine.tick()
+            except Exception:  # the engine outlives a busy store or a broker hiccup; the next tick retries
+                log.exception("rollout engine tick failed")
+            self._stop.wait(self.config.tick_s)
+
+    def _compact_loop(self) -> None:
+        while not self._stop.wait(self.config.compact_every_s):
+            try:
+                c = self.config
+                result = self.store.compact(
+                    time.time(), raw_retention_s=c.raw_retention_s, bucket_s=c.bucket_s,
+                    rollup_retention_s=c.rollup_retention_s, event_retention_s=c.event_retention_s,
+                )  # fmt: skip
+                if result.downsampled_reports or result.deleted_rollups or result.deleted_events:
+                    log.info("compaction: %s", result)
+            except Exception:
+                log.exception("compaction failed")
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,109 @@
+"""Ingestion on a real Mosquitto: shared subscriptions split the load, repeats are stored once, bad input is
+counted and never stops the control plane."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from edgefleet.control.embedded_broker import EmbeddedBroker
+from edgefleet.core.messages import DeviceStatus, Event, LatencySummary, Telemetry
+from edgefleet.core.mqtt import Connection
+from edgefleet.core.topics import Topics
+
+from brokers import MosquittoBroker
+from test_control_support import control_plane, sim_fleet, wait_until
+
+
+def test_two_control_planes_split_the_telemetry_and_store_every_report_once(
+    mosquitto: MosquittoBroker, tmp_path: Path
+) -> None:
+    devices = [f"split-{i}" for i in range(20)]
+    with (
+        control_plane(mosquitto.url, tmp_path, engine=False) as a,
+        control_plane(mosquitto.url, tmp_path, engine=False, protocol="3.1.1") as b,
+        sim_fleet(mosquitto.url, devices, telemetry_interval=0.1) as fleet,
+    ):
+        time.sleep(3.0)
+        fleet.stop()
+        assert a.ingestor is not None and b.ingestor is not None
+        assert a.ingestor.drain() and b.ingestor.drain()
+        stats = fleet.stats
+        assert stats.telemetry_acked == stats.telemetry_sent > 20 * 20, "the simulator waits for every PUBACK"
+        stored = a.store.telemetry_count()
+        got_a = a.ingestor.stats.counts["telemetry"]
+        got_b = b.ingestor.stats.counts["telemetry"]
+        assert stored == stats.telemetry_acked, "every acknowledged report is stored"
+        assert got_a + got_b == stored and got_a > stored * 0.2 and got_b > stored * 0.2, (got_a, got_b)
+        assert {d.device_id for d in a.store.devices()} >= set(devices)
+        # Both processes see every status (plain subscription), so both know the whole registry.
+        assert a.ingestor.stats.counts["statuses"] >= 20 and b.ingestor.stats.counts["statuses"] >= 20
+
+
+def _report(device: str, seq: int) -> bytes:
+    return Telemetry(
+        device_id=device, seq=seq, bundle_id=None, provider=None, window_s=1.0, requests=0, errors=0,
+        throughput_rps=0.0, latency=LatencySummary(count=0, p50_ms=None, p95_ms=None, p99_ms=None),
+        golden_agreement=None, golden_max_abs_error=None, cpu_percent=1.0, rss_mb=1.0,
+    ).encode()  # fmt: skip
+
+
+def test_repeats_and_bad_messages_are_counted_and_ingestion_goes_on(
+    mosquitto: MosquittoBroker, tmp_path: Path, host: Connection, topics: Topics
+) -> None:
+    with control_plane(mosquitto.url, tmp_path, engine=False) as plane:
+        assert plane.ingestor is not None
+        store, counts = plane.store, plane.ingestor.stats.counts
+        status = DeviceStatus(device_id="known-1", online=True, state="idle")
+        host.publish(topics.status("known-1"), status.encode(), retain=True, wait=5)
+        wait_until("the status", lambda: store.device("known-1"))
+
+        report = _report("known-1", 1)
+        for _ in range(3):  # an agent re-sending what it thinks was lost
+            host.publish(topics.telemetry("known-1"), report, wait=5)
+        event = Event(device_id="known-1", kind="committed", seq=2).encode()
+        host.publish(topics.events("known-1"), event, wait=5)
+        host.publish(topics.events("known-1"), event, wait=5)
+        host.publish(topics.telemetry("known-1"), b"\xff not json", wait=5)
+        host.publish(topics.telemetry("known-1"), b'{"schema_version": 1, "device_id": "known-1"}', wait=5)
+        host.publish(topics.status("junk-1"), b"{broken", retain=True, wait=5)
+        host.publish(topics.telemetry("stranger"), _report("stranger", 1), wait=5)
+        host.publish(topics.telemetry("known-1"), _report("someone-else", 5), wait=5)
+        host.publish(topics.telemetry("known-1"), _report("known-1", 3), wait=5)  # still ingesting afterwards
+
+        wait_until("the last report", lambda: store.telemetry_count("known-1") == 2)
+        assert plane.ingestor.drain()
+        assert counts["duplicates"] == 3 and counts["telemetry"] == 2 and counts["events"] == 1, counts
+        assert counts["malformed"] == 3 and counts["unknown_device"] == 1 and counts["mismatched"] == 1
+        assert store.device("junk-1") is None and store.device("stranger") is None
+        wait_until("the counters in the store", lambda: store.counters().get("ingest.malformed") == 3, timeout=10)
+        host.publish(topics.status("junk-1"), b"", retain=True, wait=5)
+
+
+def test_telemetry_published_while_the_control_plane_is_down_is_delivered_when_it_returns(
+    mosquitto: MosquittoBroker, tmp_path: Path, host: Connection, topics: Topics
+) -> None:
+    host.publish(topics.status("away-1"), DeviceStatus(device_id="away-1", online=True, state="idle").encode(),
+                 retain=True, wait=5)  # fmt: skip
+    with control_plane(mosquitto.url, tmp_path, retire=False, engine=False, instance="persistent") as plane:
+        wait_until("the status", lambda: plane.store.device("away-1"))
+    # The control plane's persistent session keeps its subscriptions: the broker queues for it meanwhile.
+    for seq in range(1, 11):
+        host.publish(topics.telemetry("away-1"), _report("away-1", seq), wait=5)
+    with control_plane(mosquitto.url, tmp_path, engine=False, instance="persistent") as plane:
+        wait_until("the queued reports", lambda: plane.store.telemetry_count("away-1") == 10, timeout=15)
+    host.publish(topics.status("away-1"), b"", retain=True, wait=5)
+
+
+def test_on_a_broker_without_shared_subscriptions_ingestion_falls_back_to_plain_ones(
+    embedded_broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    with (
+        control_plane(embedded_broker.url, tmp_path, engine=False) as plane,
+        sim_fleet(embedded_broker.url, ["amqtt-1", "amqtt-2"], telemetry_interval=0.2) as fleet,
+    ):
+        assert plane.ingestor is not None and plane.ingestor.share_group is None, "amqtt ignores $share"
+        wait_until("telemetry", lambda: plane.store.telemetry_count() >= 10)
+        fleet.stop()
+        assert plane.ingestor.drain()
+        assert plane.store.telemetry_count() == fleet.stats.telemetry_acked

@@ -1,0 +1,174 @@
+"""A rollout with real agents (subprocesses) on a real Mosquitto, under real inference traffic: a good bundle goes
+through every wave; a less accurate build breaches the golden-agreement threshold on its canary and is rolled
+back automatically, while the rest of the group never sees it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgefleet.control.remote import RemoteModel
+from edgefleet.control.rollout_engine import bundle_ref, make_spec, prepare_rollout
+from edgefleet.core.bundle import describe_files, pack_bundle, unpack_bundle
+from edgefleet.core.errors import BrokerError
+from edgefleet.core.golden import GoldenSet
+from edgefleet.core.mqtt import Connection
+from edgefleet.core.signing import SigningKey, TrustedKeys
+from edgefleet.core.topics import Topics
+
+from brokers import MosquittoBroker
+from fleet_helpers import DIGITS, AgentProcess, FleetWatcher, deploy_to, derive_bundle
+from test_control_support import control_plane, finished, publish, rollout, wait_until
+
+GROUP = "rollout-line"
+DEVICES = [f"ra-{i}" for i in range(4)]
+
+
+def less_accurate_bundle(source: Path, out_dir: Path, key: SigningKey, trusted: TrustedKeys, version: str) -> Path:
+    """A re-signed build of the same model whose classifier rows 0-4 are rotated: half the classes come out
+    wrong. Its golden set holds its own outputs as `expected` and a loosened `min_agreement`, as a build
+    with a misconfigured accuracy check would: the device installs it, and measures the damage."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    unpacked = out_dir / f"bad-{version}"
+    manifest = unpack_bundle(source, unpacked, trusted)
+    model_path = unpacked / manifest.model_path
+    model = onnx.load(str(model_path))
+    gemm = next(n for n in reversed(model.graph.node) if n.op_type == "Gemm")
+    for init in model.graph.initializer:
+        if init.name in gemm.input[1:3]:
+            values = numpy_helper.to_array(init).copy()
+            values[:5] = np.roll(values[:5], 1, axis=0)
+            init.CopyFrom(numpy_helper.from_array(values, init.name))
+    onnx.save(model, str(model_path))
+    golden_path = unpacked / manifest.golden.path
+    golden = GoldenSet.load(golden_path, manifest.inputs, manifest.outputs)
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    output = manifest.outputs[0].name
+    samples = golden.inputs.inputs[manifest.inputs[0].name]
+    expected = np.stack([session.run([output], {manifest.inputs[0].name: s})[0] for s in samples])
+    GoldenSet(golden.inputs, golden.reference, {output: expected}).save(golden_path)
+    sources = {entry.path: unpacked / entry.path for entry in manifest.files}
+    updated = manifest.model_copy(
+        update={
+            "model_version": version,
+            "bundle_id": f"{manifest.bundle_id}-bad{version}",
+            "files": describe_files(sources),
+            "golden": manifest.golden.model_copy(update={"min_agreement": 0.0}),
+        }
+    )
+    path = out_dir / f"{updated.bundle_id}.bundle"
+    pack_bundle(path, updated, sources, key)
+    return path
+
+
+class Traffic:
+    """Inference requests to every device, all the time, so p95 latency and error rates mean something."""
+
+    def __init__(self, host: Connection, topics: Topics, devices: list[str]) -> None:
+        with np.load(DIGITS / "eval.npz") as data:
+            self.samples = [{"input": data["input"][i]} for i in range(8)]
+        self.remotes = [RemoteModel(host, topics, d) for d in devices]
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for remote in self.remotes:
+            remote.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for remote in self.remotes:
+                try:
+                    remote.infer_many(self.samples, window=4, timeout=5.0)
+                    self.sent += len(self.samples)
+                except BrokerError:
+                    pass  # a device busy installing may answer late; the next round goes on
+            self._stop.wait(0.1)
+
+
+@pytest.fixture
+def agents(
+    start_agent: Callable[..., AgentProcess], host: Connection, topics: Topics, watcher: FleetWatcher,
+    demo_bundles: dict[str, Path],
+) -> Iterator[str]:  # fmt: skip
+    for device in DEVICES:
+        start_agent(device, groups=(GROUP,), telemetry_interval=0.5)
+    v1 = deploy_to(host, topics, demo_bundles["intel-x86-vnni"], groups=(GROUP,))
+    for device in DEVICES:
+        watcher.serving(device, v1, timeout=90)
+    yield v1
+
+
+@pytest.mark.slow
+def test_a_good_bundle_passes_every_wave_and_a_less_accurate_canary_is_rolled_back(
+    agents: str, mosquitto: MosquittoBroker, host: Connection, topics: Topics, watcher: FleetWatcher,
+    demo_bundles: dict[str, Path], tmp_path: Path, signing_key: SigningKey, keys: tuple[Path, Path],
+) -> None:  # fmt: skip
+    trusted = TrustedKeys.load([keys[1]])
+    good = derive_bundle(demo_bundles["intel-x86-vnni"], tmp_path, signing_key, trusted, model_version="2")
+    bad = less_accurate_bundle(good, tmp_path, signing_key, trusted, version="3")
+    thresholds = {
+        "max_latency_factor": 3.0, "latency_slack_ms": 0.5,  # a 2-core machine running 4 agents and the traffic
+        "max_golden_drop": 0.01, "max_error_rate": 0.05, "min_requests": 10,
+    }  # fmt: skip
+    timing = {"baseline_s": 5.0, "observe_s": 3.0, "install_timeout_s": 90.0, "report_timeout_s": 15.0,
+              "min_reports": 2}  # fmt: skip
+
+    with control_plane(mosquitto.url, tmp_path) as plane, Traffic(host, topics, DEVICES) as traffic:
+        store = plane.store
+        wait_until("telemetry from every agent", lambda: all(store.latest_telemetry().get(d) for d in DEVICES))
+        good_manifest = publish(host, store, good)
+        bad_manifest = publish(host, store, bad)
+
+        started = time.monotonic()
+        spec = make_spec(group=GROUP, bundles=[bundle_ref(good_manifest)], canary="1", waves=["50%", "100%"],
+                         thresholds=thresholds, timing=timing)  # fmt: skip
+        doc = finished(store, prepare_rollout(store, spec).id, timeout=240)
+        good_seconds = time.monotonic() - started
+        assert doc.state == "succeeded", [e.message for e in doc.log]
+        assert [len(w.devices) for w in doc.waves] == [1, 1, 2] and all(w.state == "passed" for w in doc.waves)
+        for device in DEVICES:
+            watcher.serving(device, good_manifest.bundle_id, timeout=5)
+            progress = doc.devices[device]
+            verdict = {f.criterion: f.ok for f in progress.findings}
+            assert verdict == {"latency": True, "golden": True, "errors": True}, progress.findings
+            assert progress.baseline and progress.baseline.bundle_id == agents and progress.baseline.requests > 0
+
+        started = time.monotonic()
+        spec = make_spec(group=GROUP, bundles=[bundle_ref(bad_manifest)], canary="1", waves=["50%", "100%"],
+                         thresholds=thresholds, timing=timing)  # fmt: skip
+        bad_id = prepare_rollout(store, spec).id
+        canary = rollout(store, bad_id).waves[0].devices[0]
+        doc = finished(store, bad_id, timeout=240)
+        bad_seconds = time.monotonic() - started
+        assert doc.state == "rolled-back", [e.message for e in doc.log]
+        assert doc.waves[0].state == "failed" and [w.state for w in doc.waves[1:]] == ["pending", "pending"]
+        assert "golden agreement" in doc.waves[0].verdict and "is below baseline 1.000" in doc.waves[0].verdict
+        observed = doc.devices[canary].observed
+        assert observed is not None and observed.golden_agreement is not None and observed.golden_agreement < 0.9
+
+        # The canary really ran the bad build (measured on the device), then went back to the good one.
+        watcher.event(canary, "committed", bundle_id=bad_manifest.bundle_id, timeout=5)
+        watcher.serving(canary, good_manifest.bundle_id, timeout=60)
+        for device in DEVICES:
+            if device != canary:
+                assert watcher.status[device].active_bundle == good_manifest.bundle_id
+                seen = [e for e in watcher.events if e.device_id == device and e.bundle_id == bad_manifest.bundle_id]
+                assert not seen, "only the canary ever saw the bad build"
+        assert traffic.sent > 500
+    print(f"good rollout {good_seconds:.1f} s, bad canary rolled back in {bad_seconds:.1f} s")
