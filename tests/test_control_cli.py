@@ -28,12 +28,8 @@ from edgefleet.core.topics import Topics
 from brokers import MosquittoBroker
 from test_control_support import control_plane, publish, sim_fleet, wait_until
 
-# Runs the real entry point; registers the control commands if edgefleet/cli/main.py does not list them yet.
-LAUNCH = (
-    "import sys; from edgefleet.cli import control_cmd, main\n"
-    "if control_cmd not in main.COMMANDS: main.COMMANDS = (*main.COMMANDS, control_cmd)\n"
-    "sys.exit(main.main(sys.argv[1:]))"
-)
+# Runs the real entry point.
+LAUNCH = "import sys; from edgefleet.cli import main\nsys.exit(main.main(sys.argv[1:]))"
 DEVICES = ["cli-a", "cli-b", "cli-c"]
 
 

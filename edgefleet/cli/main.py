@@ -18,10 +18,24 @@ from edgefleet.cli import (
     inspect_cmd,
     keys,
     profiles_cmd,
+    registry_cmd,
+    rollout_cmd,
 )
 from edgefleet.core.errors import EdgefleetError
 
-COMMANDS = (profiles_cmd, keys, inspect_cmd, convert_cmd, bundles, fleet_cmd, control_cmd, agent_cmd, demo_cmd)
+COMMANDS = (
+    profiles_cmd,
+    keys,
+    inspect_cmd,
+    convert_cmd,
+    bundles,
+    fleet_cmd,
+    control_cmd,
+    registry_cmd,
+    rollout_cmd,
+    agent_cmd,
+    demo_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

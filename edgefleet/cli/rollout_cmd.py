@@ -1,0 +1,208 @@
+"""`edgefleet rollout start|status|pause|resume|abort`: rollouts in waves with guardrails."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgefleet.cli.common import add_broker, add_json, fmt, print_json, print_table
+from edgefleet.core.errors import UserInputError
+
+if TYPE_CHECKING:
+    from edgefleet.control.rollout import RolloutDoc
+
+# Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
+
+
+from edgefleet.cli.control_common import add_store, duration, open_from, optional_float, publish_bundles
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    _register_rollout(sub)
+
+
+# --- rollouts
+def _register_rollout(sub: argparse._SubParsersAction) -> None:
+    rollout = sub.add_parser("rollout", help="roll bundles out to a group in waves, with guardrails")
+    verbs = rollout.add_subparsers(dest="verb", required=True, metavar="VERB")
+    start = verbs.add_parser("start", help="publish bundles (one per profile) and start a rollout to a group")
+    start.add_argument("bundles", type=Path, nargs="+", metavar="BUNDLE")
+    start.add_argument("--group", required=True, help="host-side group, or an agent --group name")
+    start.add_argument("--canary", default="1", help="first wave: a device count (1) or a share (10%%)")
+    start.add_argument(
+        "--waves", default="25%,50%,100%", help="cumulative wave sizes after the canary (default 25%%,50%%,100%%)"
+    )
+    t = start.add_argument_group("thresholds (per wave; 'none' switches one off)")
+    t.add_argument("--max-latency-factor", type=optional_float, default=1.5, help="new p95 ≤ F × previous p95")
+    t.add_argument("--latency-slack-ms", type=float, default=0.0, help="absolute slack on the latency limit")
+    t.add_argument(
+        "--max-golden-drop", type=optional_float, default=-1.0,
+        help="golden agreement drop allowed vs the previous bundle (default: the bundles' accuracy budget)",
+    )  # fmt: skip
+    t.add_argument("--min-golden", type=optional_float, default=None, help="absolute floor for golden agreement")
+    t.add_argument("--max-error-rate", type=optional_float, default=0.01, help="errors / requests at most this")
+    t.add_argument("--min-requests", type=int, default=20, help="requests before latency and errors are judged")
+    t.add_argument("--max-failed-devices", type=int, default=0, help="failures a wave tolerates")
+    w = start.add_argument_group("timing")
+    w.add_argument("--baseline", type=duration, default=30.0, help="telemetry window before each wave")
+    w.add_argument("--observe", type=duration, default=60.0, help="how long each wave is watched")
+    w.add_argument("--install-timeout", type=duration, default=300.0, help="devices not committed by then time out")
+    w.add_argument("--report-timeout", type=duration, default=60.0, help="grace for late telemetry")
+    w.add_argument("--min-reports", type=int, default=2, help="telemetry reports needed per device")
+    start.add_argument("--no-publish", action="store_true", help="the bundles are already on the broker")
+    add_broker(start)
+    add_store(start)
+    add_json(start)
+    start.set_defaults(func=cmd_rollout_start)
+
+    status = verbs.add_parser("status", help="every rollout, or one in detail")
+    status.add_argument("rollout_id", nargs="?")
+    add_store(status)
+    add_json(status)
+    status.set_defaults(func=cmd_rollout_status)
+    for verb, text in (
+        ("pause", "hold a rollout where it is (installs already asked for go on)"),
+        ("resume", "continue a paused rollout"),
+        ("abort", "stop a rollout and return every device it touched to its previous bundle"),
+    ):
+        command = verbs.add_parser(verb, help=text)
+        command.add_argument("rollout_id")
+        add_store(command)
+        add_json(command)
+        command.set_defaults(func=cmd_rollout_command, command=verb)
+
+
+def cmd_rollout_start(args: argparse.Namespace) -> None:
+    from edgefleet.control.rollout_engine import bundle_ref, make_spec, prepare_rollout
+    from edgefleet.core.bundle import parse_manifest, read_signed_manifest
+    from edgefleet.core.errors import BundleError
+
+    manifests = []
+    for path in args.bundles:
+        try:
+            manifests.append(parse_manifest(read_signed_manifest(path).manifest_json))
+        except (OSError, BundleError) as err:
+            raise UserInputError(f"{path} is not a readable bundle: {err}") from err
+    drop = args.max_golden_drop
+    if drop is not None and drop < 0:  # the default: the tightest accuracy budget among the bundles
+        drop = min(m.accuracy.budget for m in manifests)
+    spec = make_spec(
+        group=args.group, bundles=[bundle_ref(m) for m in manifests], canary=args.canary,
+        waves=[w.strip() for w in args.waves.split(",") if w.strip()],
+        thresholds={
+            "max_latency_factor": args.max_latency_factor, "latency_slack_ms": args.latency_slack_ms,
+            "max_golden_drop": drop, "min_golden_agreement": args.min_golden, "max_error_rate": args.max_error_rate,
+            "min_requests": args.min_requests,
+        },
+        timing={
+            "baseline_s": args.baseline, "observe_s": args.observe, "install_timeout_s": args.install_timeout,
+            "report_timeout_s": args.report_timeout, "min_reports": args.min_reports,
+        },
+        max_failed_devices=args.max_failed_devices,
+    )  # fmt: skip
+    store = open_from(args)
+    try:
+        from edgefleet.control.registry import require_members
+
+        require_members(spec.group, store.groups(), store.devices())  # fail before publishing anything
+        if not args.no_publish:
+            publish_bundles(args, store, args.bundles)
+        doc = prepare_rollout(store, spec)
+    finally:
+        store.close()
+    if args.json:
+        print_json(_rollout_json(doc))
+    else:
+        sizes = ", ".join(str(len(w.devices)) for w in doc.waves)
+        print(f"rollout {doc.id}: {len(doc.devices)} devices of {spec.group} in waves of {sizes}")
+        print(f"follow it with: edgefleet rollout status {doc.id}")
+
+
+def _rollout_json(doc: RolloutDoc) -> dict[str, Any]:
+    from edgefleet.control.dashboard import rollout_summary
+
+    return rollout_summary(doc) | {"document": doc.model_dump(mode="json")}
+
+
+def cmd_rollout_status(args: argparse.Namespace) -> None:
+    from edgefleet.control.rollout_engine import ENGINE_LEASE, load_doc
+    from edgefleet.core.errors import UnknownNameError
+
+    store = open_from(args)
+    try:
+        lease = store.lease(ENGINE_LEASE)
+        if args.rollout_id:
+            row = store.rollout(args.rollout_id)
+            if row is None:
+                raise UnknownNameError("rollout", args.rollout_id, [r.id for r in store.rollouts()])
+            docs = [load_doc(row)]
+        else:
+            docs = [load_doc(r) for r in store.rollouts()]
+    finally:
+        store.close()
+    engine = "running" if lease and lease[1] > time.time() else "not running"
+    if args.json:
+        if args.rollout_id:
+            print_json(_rollout_json(docs[0]) | {"engine": engine})
+        else:
+            from edgefleet.control.dashboard import rollout_summary
+
+            print_json({"engine": engine, "rollouts": [rollout_summary(d) for d in docs]})
+        return
+    if not args.rollout_id:
+        print_table(
+            f"rollouts (engine {engine})",
+            ["rollout", "state", "group", "bundles", "wave", "devices", "outcome"],
+            [
+                (d.id, d.state, d.spec.group, ", ".join(b.bundle_id for b in d.spec.bundles),
+                 f"{d.current_wave + 1}/{len(d.waves)}", _counts(d.counts()), d.outcome)
+                for d in docs
+            ],
+        )  # fmt: skip
+        return
+    doc = docs[0]
+    print(f"rollout {doc.id}: {doc.state} (engine {engine}); {doc.outcome}")
+    print_table(
+        "waves",
+        ["wave", "state", "devices", "verdict"],
+        [
+            ("canary" if w.index == 0 else str(w.index), w.state,
+             _counts({s: sum(1 for d in w.devices if doc.devices[d].state == s) for s in
+                      {doc.devices[d].state for d in w.devices}}), w.verdict)
+            for w in doc.waves
+        ],
+    )  # fmt: skip
+    print_table(
+        "devices",
+        ["device", "wave", "state", "from", "to", "baseline p95", "p95", "golden", "reason"],
+        [
+            (p.device_id, p.wave, p.state, p.previous_bundle, p.target_bundle,
+             fmt(p.baseline.p95_ms if p.baseline else None), fmt(p.observed.p95_ms if p.observed else None),
+             fmt(p.observed.golden_agreement if p.observed else None, 3), p.reason)
+            for p in sorted(doc.devices.values(), key=lambda p: (p.wave, p.device_id))
+        ],
+    )  # fmt: skip
+    for entry in doc.log[-15:]:
+        print(f"{time.strftime('%H:%M:%S', time.localtime(entry.ts))} {entry.message}")
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
+def cmd_rollout_command(args: argparse.Namespace) -> None:
+    from edgefleet.control.rollout_engine import request
+
+    store = open_from(args)
+    try:
+        doc = request(store, args.rollout_id, args.command)
+    finally:
+        store.close()
+    if args.json:
+        print_json({"rollout": doc.id, "requested": args.command, "state": doc.state})
+    else:
+        print(f"{args.command} requested for rollout {doc.id} ({doc.state}); the control plane applies it")
+    sys.stdout.flush()
