@@ -220,7 +220,14 @@ class Connection:
         if client is None:
             return
         self._stopping = True
-        if graceful:
+        if graceful and self._connected.is_set():
+            # DISCONNECT goes out after everything queued before it; stopping the network thread before the
+            # broker closed the socket could drop those packets (seen: a lost UNSUBSCRIBE). Wait, bounded.
+            client.disconnect()
+            deadline = time.monotonic() + 2.0
+            while self._connected.is_set() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        elif graceful:
             client.disconnect()
         client.loop_stop()
         self._connected.clear()
