@@ -11,7 +11,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 
 from edgefleet.converter.accuracy import Budget
@@ -157,7 +156,3 @@ def _prepare(
 
 def opset_of(model: onnx.ModelProto) -> dict[str, int]:
     return {(imp.domain or ""): int(imp.version) for imp in model.opset_import}
-
-
-def input_dtypes_ok(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> bool:
-    return all(name in feeds for name in (i.name for i in model.graph.input))

@@ -103,14 +103,6 @@ def load_dataset(path: Path, specs: Sequence[TensorSpec], role: str = "data") ->
     return Dataset(inputs, labels)
 
 
-def save_dataset(path: Path, dataset: Dataset) -> None:
-    arrays = dict(dataset.inputs)
-    if dataset.labels is not None:
-        arrays[LABELS_KEY] = dataset.labels
-    with path.open("wb") as handle:
-        np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]
-
-
 def run_samples(
     run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], dataset: Dataset
 ) -> dict[str, np.ndarray]:
