@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from edgefleet.agent.quality import QualityConfig
 from edgefleet.agent.selection import Policy
 from edgefleet.agent.service import ServiceConfig
 from edgefleet.core.mqtt import Protocol, TlsFiles
@@ -20,15 +21,23 @@ class AgentConfig(BaseModel):
     state_dir: Path
     profile: str = Field(default="auto", description="a profile name, or auto to detect it")
     groups: list[str] = Field(default_factory=list)
-    trust: list[Path] = Field(default_factory=list, description="public keys (files or directories) to trust")
+    trust: list[Path] = Field(
+        default_factory=list, description="pinned ROOT public keys (files or directories of *.pub)"
+    )
+    keyset: Path | None = Field(
+        default=None, description="a root-signed key set to start from (offers and desired documents carry newer)"
+    )
     prefix: str = DEFAULT_PREFIX
     tls_ca: Path | None = Field(default=None, description="CA certificate of the broker (mqtts://)")
     tls_cert: Path | None = Field(default=None, description="this device's client certificate (CN = device id)")
     tls_key: Path | None = Field(default=None, description="the client certificate's private key")
     protocol: Protocol = "auto"
     telemetry_interval_s: float = Field(default=5.0, gt=0)
-    threads: int = Field(default=0, ge=0, description="inference threads; 0 lets the runtime decide")
-    block_window: int = Field(default=16, ge=1, le=256, description="block subscriptions in flight")
+    threads: int = Field(default=0, ge=0, description="inference threads; 0: the bundle's count or measured")
+    block_window: int = Field(default=16, ge=1, le=256, description="block requests in flight at first (RTT-sized)")
+    max_bytes_per_s: int | None = Field(
+        default=None, ge=1024, description="byte-rate cap of the device's link; signed desired state may lower it"
+    )
     keep_previous: int = Field(default=2, ge=0)
     offer_timeout_s: float = Field(default=30.0, gt=0)
     retry_delay_s: float = Field(default=10.0, gt=0)
@@ -38,6 +47,14 @@ class AgentConfig(BaseModel):
     rollback_on_failure: bool = Field(default=True, description="roll back when the committed bundle turns bad")
     max_failure_ratio: float = Field(default=0.5, gt=0, le=1, description="runtime failures tolerated per window")
     failure_window: int = Field(default=20, ge=1, description="requests per failure-ratio window")
+    quality: QualityConfig = Field(default_factory=QualityConfig, description="drift, shadow and probe settings")
+    benchmark_max_cpu_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="the most of this device's cores a benchmark request (the fleet as the benchmark farm) may "
+        "use; 0 refuses benchmark requests",
+    )
 
     @field_validator("device_id")
     @classmethod

@@ -17,58 +17,28 @@ renaming) are optional: `pip install 'edgefleet[custom-ops]'`.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.metadata
-import importlib.util
-import logging
-import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from edgefleet.agent.backends import optional_import
+from edgefleet.core import custom_op_packages as packages
+from edgefleet.core.custom_op_copy import renamed_copy
+from edgefleet.core.custom_op_packages import (
+    CONTRIB_DOMAIN,
+    ENV_VAR,
+    LIBRARY_ENV_VAR,
+    CustomOpPackageError,
+    OpDefinition,
+    ort_native_ops,
+)
 from edgefleet.core.errors import BundleError
 from edgefleet.core.manifest import CustomOp, Manifest
 
-log = logging.getLogger(__name__)
-
-ENV_VAR = "EDGEFLEET_CUSTOM_OPS"
-LIBRARY_ENV_VAR = "EDGEFLEET_CUSTOM_OP_LIBS"
-ENTRY_POINT_GROUP = "edgefleet.custom_ops"
-CONTRIB_DOMAIN = "ai.onnx.contrib"
 EXTRA = "custom-ops"
-_STANDARD = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training"})
-_PYOP_TYPES = {
-    "float": "dt_float", "float32": "dt_float", "double": "dt_double", "float64": "dt_double",
-    "float16": "dt_float16", "int64": "dt_int64", "int32": "dt_int32", "uint8": "dt_uint8", "int8": "dt_int8",
-    "bool": "dt_bool", "string": "dt_string",
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class PythonOp:
-    """A Python (numpy) implementation of one custom op, from a custom-op package."""
-
-    domain: str
-    op_type: str
-    since_version: int
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attributes: dict[str, str]
-    compute: Callable[..., Any]
-    origin: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.domain}::{self.op_type}"
-
-    @property
-    def contrib_name(self) -> str:
-        return f"{self.domain.replace('.', '_')}__{self.op_type}"
+PythonOp = OpDefinition  # a definition with a numpy `compute`
 
 
 @dataclass
@@ -76,8 +46,6 @@ class _Config:
     packages: list[str] = field(default_factory=list)  # set by configure(); added to $EDGEFLEET_CUSTOM_OPS
     library_dirs: list[Path] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    loaded: dict[tuple[str, ...], dict[str, PythonOp]] = field(default_factory=dict)
-    registered: set[str] = field(default_factory=set)
 
 
 _CONFIG = _Config()
@@ -90,86 +58,25 @@ def configure(packages: Sequence[str] = (), library_dirs: Sequence[Path] = ()) -
         _CONFIG.library_dirs = list(library_dirs)
 
 
-def _package_specs() -> list[str]:
-    return [*_CONFIG.packages, *filter(None, os.environ.get(ENV_VAR, "").split(os.pathsep))]
-
-
-def _library_dirs() -> list[Path]:
-    return [*_CONFIG.library_dirs, *(Path(d) for d in os.environ.get(LIBRARY_ENV_VAR, "").split(os.pathsep) if d)]
-
-
-def _import(spec: str) -> Any:
-    path = Path(spec)
-    if path.suffix == ".py":
-        name = f"edgefleet_custom_ops_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}"
-        loader = importlib.util.spec_from_file_location(name, path)
-        if loader is None or loader.loader is None or not path.is_file():
-            raise ImportError(f"{spec} is not a readable Python file")
-        module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)
-        return module
-    return importlib.import_module(spec)
-
-
-def _python_ops(module: Any, origin: str) -> list[PythonOp]:
-    found = []
-    for obj in getattr(module, "EDGEFLEET_CUSTOM_OPS", []):
-        compute = getattr(obj, "compute", None)
-        if compute is None:
-            continue
-        found.append(
-            PythonOp(
-                domain=str(obj.domain),
-                op_type=str(obj.op_type),
-                since_version=int(getattr(obj, "since_version", 1)),
-                inputs=tuple(getattr(obj, "inputs", ("float",))),
-                outputs=tuple(getattr(obj, "outputs", ("float",))),
-                attributes=dict(getattr(obj, "attributes", {})),
-                compute=compute,
-                origin=origin,
-            )
-        )
-    return found
+def configuration() -> tuple[list[str], list[Path]]:
+    """The packages and library directories given by `configure` (a measuring worker is configured the same)."""
+    with _CONFIG.lock:
+        return list(_CONFIG.packages), list(_CONFIG.library_dirs)
 
 
 def python_ops() -> dict[str, PythonOp]:
     """Every Python op the configured packages provide, by `domain::op_type`. A package that fails to import
     is logged and skipped (the agent keeps running; bundles needing its ops are refused, naming them)."""
-    specs = _package_specs()
-    points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-    key = (*specs, *(p.name for p in points))
-    with _CONFIG.lock:
-        if key in _CONFIG.loaded:
-            return _CONFIG.loaded[key]
-    ops: dict[str, PythonOp] = {}
-    sources: list[tuple[str, Callable[[], Any]]] = [(s, lambda s=s: _import(s)) for s in specs]  # type: ignore[misc]
-    sources += [(f"entry point {p.name}", p.load) for p in points]
-    for origin, load in sources:
-        try:
-            module = load()
-            for op in _python_ops(module, origin):
-                ops.setdefault(op.key, op)
-        except Exception as err:  # a broken package disables its ops, never the agent
-            log.error("custom-op package %s cannot be loaded: %s", origin, err)
-    with _CONFIG.lock:
-        _CONFIG.loaded[key] = ops
-    return ops
-
-
-@cache
-def ort_native_ops() -> frozenset[tuple[str, str]]:
-    """(domain, op) pairs in non-standard domains that this onnxruntime implements itself."""
-    from onnxruntime.capi import _pybind_state
-
-    kernels: list[Any] = getattr(_pybind_state, "get_all_opkernel_def", list)()
-    return frozenset((k.domain, k.op_name) for k in kernels if k.domain not in _STANDARD)
+    found = packages.load_definitions(_CONFIG.packages, strict=False)
+    return {key: op for key, op in found.items() if op.compute is not None}
 
 
 def find_library(name: str) -> Path | None:
-    for folder in _library_dirs():
-        if (folder / name).is_file():
-            return folder / name
-    return None
+    return packages.find_library(name, _CONFIG.library_dirs)
+
+
+def _library_dirs() -> list[Path]:
+    return packages.library_dirs(_CONFIG.library_dirs)
 
 
 @dataclass(frozen=True)
@@ -238,60 +145,25 @@ class Prepared:
 
 def _register(ops: Sequence[PythonOp]) -> str:
     found = optional_import("onnxruntime_extensions", package="onnxruntime-extensions", extra=EXTRA)
-    ext: Any = found.module
-    if ext is None:
+    if found.module is None:
         raise BundleError(found.reason)
-    with _CONFIG.lock:
-        for op in ops:
-            if op.contrib_name in _CONFIG.registered:
-                continue
-            try:
-                kinds = [getattr(ext.PyOp, _PYOP_TYPES[t]) for t in op.inputs]
-                outs = [getattr(ext.PyOp, _PYOP_TYPES[t]) for t in op.outputs]
-                attrs = {k: getattr(ext.PyOp, _PYOP_TYPES[v]) for k, v in op.attributes.items()}
-            except KeyError as err:
-                raise BundleError(f"{op.key} from {op.origin}: unknown element type {err.args[0]!r}") from err
-            ext.onnx_op(op_type=op.contrib_name, inputs=kinds, outputs=outs, attrs=attrs)(op.compute)
-            _CONFIG.registered.add(op.contrib_name)
-    return str(ext.get_library_path())
+    try:
+        return packages.register_python_ops(ops, found.module)
+    except CustomOpPackageError as err:
+        raise BundleError(str(err)) from err
 
 
 def _renamed(model_path: Path, ops: Sequence[PythonOp], work_dir: Path) -> Path:
-    """A copy of the model whose Python-op nodes are addressed as onnxruntime-extensions registers them."""
+    """A copy of the model whose Python-op nodes are addressed as onnxruntime-extensions registers them, its
+    external data files beside it (edgefleet/core/custom_op_copy.py)."""
     found = optional_import("onnx", package="onnx", extra=EXTRA)
     onnx: Any = found.module
     if onnx is None:
         raise BundleError(f"renaming custom-op domains for onnxruntime-extensions needs onnx: {found.reason}")
-    digest = hashlib.sha256(model_path.read_bytes()).hexdigest()[:16]
-    target = work_dir / f"{digest}-{'-'.join(sorted(op.contrib_name for op in ops))}.onnx"
-    if target.is_file():
-        return target
-    model = onnx.load(str(model_path))
-    by_key = {op.key: op for op in ops}
-
-    def graphs(graph: Any) -> Iterable[Any]:
-        yield graph
-        for node in graph.node:
-            for attr in node.attribute:
-                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                    yield from graphs(sub)
-
-    for graph in graphs(model.graph):
-        for node in graph.node:
-            op = by_key.get(f"{node.domain}::{node.op_type}")
-            if op is not None:
-                node.domain, node.op_type = CONTRIB_DOMAIN, op.contrib_name
-    domains = {op.domain for op in ops}
-    kept = [imp for imp in model.opset_import if imp.domain not in domains]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
-    if not any(imp.domain == CONTRIB_DOMAIN for imp in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1))
-    work_dir.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
-    onnx.save(model, str(partial))
-    partial.replace(target)
-    return target
+    try:
+        return renamed_copy(onnx, model_path, [op.key for op in ops], work_dir)
+    except CustomOpPackageError as err:
+        raise BundleError(str(err)) from err
 
 
 def prepare(model_path: Path, manifest: Manifest, work_dir: Path) -> Prepared:

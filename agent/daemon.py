@@ -1,75 +1,65 @@
-"""The agent daemon: MQTT wiring, the install worker, the inference worker and the telemetry loop.
+"""The agent daemon: start-up, MQTT wiring, the worker threads and their supervision, the hot swap.
 
 paho's network thread only decodes and enqueues; installs and inference run on their own threads so
-a long download never blocks inference and a bad message never reaches the runtime unchecked.
+a long download never blocks inference and a bad message never reaches the runtime unchecked. The
+workers are mixins, one file each: installs (install_worker.py), health and rollback (health_watch.py),
+inference over MQTT (mqtt_inference.py), status, events and telemetry (reporting.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import platform
 import queue
-import socket
 import threading
 import time
 
-import onnxruntime as ort
-import psutil
-
 from edgefleet import __version__
-from edgefleet.agent import watchdog
+from edgefleet.agent import installer, watchdog
+from edgefleet.agent.benchmark import BenchmarkService
 from edgefleet.agent.config import AgentConfig
-from edgefleet.agent.feedback import FieldScore
-from edgefleet.agent.health import HealthVerdict, judge_health
-from edgefleet.agent.installer import InstallContext, Refused, install, load_installed
+from edgefleet.agent.desired_state import DesiredState
+from edgefleet.agent.feedback import FeedbackError
+from edgefleet.agent.health_watch import HealthWatch
+from edgefleet.agent.install_worker import InstallWorker
+from edgefleet.agent.link_pacing import LinkPacer
+from edgefleet.agent.mqtt_inference import MqttInference
+from edgefleet.agent.quality import Quality
 from edgefleet.agent.runtime import LoadedModel, RuntimeOptions
 from edgefleet.agent.service import InferenceService, ServiceConfig
 from edgefleet.agent.spool import Spool
 from edgefleet.agent.store import Store
 from edgefleet.agent.telemetry import RequestStats, ResourceSampler
-from edgefleet.agent.transfer import TransferError
-from edgefleet.core.bundle import verify_files
-from edgefleet.core.errors import BrokerError, BundleError, DataError, EdgefleetError
-from edgefleet.core.messages import (
-    Desired,
-    DeviceState,
-    DeviceStatus,
-    Event,
-    EventKind,
-    Hardware,
-    InferRequest,
-    InferResponse,
-    MessageError,
-    Telemetry,
-    WireTensor,
-    decode,
-)
+from edgefleet.agent.trust import DeviceTrust
+from edgefleet.core.errors import BrokerError
+from edgefleet.core.messages import DeviceState, DeviceStatus, MessageError
 from edgefleet.core.mqtt import Connection, Will
-from edgefleet.core.profiles import detect_profile, get_profile
+from edgefleet.core.profiles import device_profiles
 from edgefleet.core.signing import TrustedKeys
 from edgefleet.core.topics import Topics
 
 log = logging.getLogger(__name__)
 
 
-class Agent:
+class Agent(InstallWorker, HealthWatch, MqttInference):
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.topics = Topics(config.prefix)
         self.store = Store(config.state_dir, keep_previous=config.keep_previous)
-        self.trusted = TrustedKeys.load(config.trusted_paths)
-        self.profile = detect_profile() if config.profile == "auto" else get_profile(config.profile)
+        self.trust = DeviceTrust(TrustedKeys.load(config.trusted_paths), self.store, config.keyset)
+        self.desired = DesiredState(config.device_id, config.groups, self.trust, self.store)
+        self._stale: str | None = None
+        # The most specific profile names this device; it also runs bundles for the profiles it refines.
+        self.profiles = device_profiles(config.profile)
+        self.profile = self.profiles[0]
         self.model: LoadedModel | None = None
         self.service: InferenceService | None = None
         self.runtime = RuntimeOptions(config.threads, config.state_dir / "cache", config.selection)
         self.state: DeviceState = "starting"
         self.last_error: str | None = None
         self.stats = RequestStats()
+        self.quality = Quality(config.quality, self.stats, lambda: self.model)  # drift, shadow, probes, feedback
         self.resources = ResourceSampler()
-        self._device_desired: Desired | None = None
-        self._group_desired: dict[str, Desired] = {}
         self.spool = Spool(config.state_dir / "outbox.sqlite", config.spool_max_records)
         self._spool_ready = threading.Event()
         self._inference_beat = time.monotonic()
@@ -77,6 +67,7 @@ class Agent:
         self._requests: queue.Queue[bytes] = queue.Queue(maxsize=256)
         self._stop = threading.Event()
         self._status_lock = threading.Lock()
+        self.link = LinkPacer(config.max_bytes_per_s)  # the cap; reports before bundle chunks
         offline = DeviceStatus(
             device_id=config.device_id,
             online=False,
@@ -92,6 +83,7 @@ class Agent:
             will=Will(self.topics.status(config.device_id), offline.encode()),
             tls=config.tls,
             on_connected=self._on_connected,
+            observer=self.link,
         )
 
     # --- lifecycle
@@ -101,6 +93,7 @@ class Agent:
         if removed:
             log.info("removed incomplete installs left by a crash: %s", ", ".join(removed))
         self._restore()
+        self.quality.bind(self.model)
         if self.config.http is not None:
             self._start_service(self.config.http)
         cid = self.config.device_id
@@ -108,6 +101,12 @@ class Agent:
         for group in self.config.groups:
             self.conn.subscribe(self.topics.group_desired(group), self._on_group_desired)
         self.conn.subscribe(self.topics.infer_request(cid), self._on_infer_request, qos=0)
+        self.conn.subscribe(self.topics.infer_feedback(cid), self._on_infer_feedback, qos=0)
+        benchmark = BenchmarkService(
+            self.conn, self.topics, cid, [p.name for p in self.profiles], self.config.threads, self.config.selection,
+            lambda bundle_id, folder: installer.fetch_candidate(self._install_context(), bundle_id, folder),
+            self.config.state_dir / "benchmark", self.config.benchmark_max_cpu_share,
+        ).start()  # fmt: skip
         self.conn.start(wait=None)
         threads = [
             threading.Thread(target=self._install_loop, name="install", daemon=True),
@@ -118,10 +117,13 @@ class Agent:
         ]
         for thread in threads:
             thread.start()
+        self.quality.start()
         # Ready once serving locally: waiting for the broker would turn a broker outage into a restart loop.
         watchdog.ready(self.state)
         self._supervise(threads)
         watchdog.stopping()
+        benchmark.stop()
+        self.quality.stop()
         if self.service is not None:
             self.service.stop()
         if self.conn.connected:
@@ -137,6 +139,7 @@ class Agent:
                 [self.model] if self.model else [], config, on_answer=self.stats.record,
                 on_failure=self.stats.record_failure,
             ).start()  # fmt: skip
+            self.service.field = self.quality.field  # one field-accuracy record (and quality observers) for every path
         except OSError as err:
             self.last_error = f"local inference API not started: {err}"
             log.error("%s", self.last_error)
@@ -159,23 +162,6 @@ class Agent:
         self._spool_ready.set()
         self._work.put("stop")
 
-    def _restore(self) -> None:
-        """Start on the last committed bundle, falling back to older ones if it no longer checks out."""
-        state = self.store.load_state()
-        for bundle_id in [b for b in [state.committed, *state.history] if b]:
-            try:
-                self.model = load_installed(self.store, bundle_id, self.trusted, self.runtime)
-            except EdgefleetError as err:
-                log.error("installed bundle %s does not check out: %s", bundle_id, err)
-                self.last_error = f"{bundle_id}: {err}"
-                continue
-            if bundle_id != state.committed:
-                self.store.commit(bundle_id, self.model.manifest.model_name, self.model.manifest.model_version)
-            log.info("serving committed bundle %s on %s", bundle_id, self.model.provider)
-            self.state = "serving"
-            return
-        self.state = "idle"
-
     # --- MQTT callbacks (network thread: decode and enqueue only)
     def _on_connected(self) -> None:
         self._publish_status()
@@ -183,112 +169,23 @@ class Agent:
         self._work.put("reconcile")
 
     def _on_device_desired(self, topic: str, payload: bytes, retained: bool) -> None:
-        if not payload:  # a cleared retained message
-            self._device_desired = None
-            return
-        try:
-            self._device_desired = decode(Desired, payload)
-        except MessageError as err:
-            self._refuse_message(topic, err)
-            return
-        self._work.put("reconcile")
+        self._on_desired(topic, payload, None)
 
     def _on_group_desired(self, topic: str, payload: bytes, retained: bool) -> None:
-        group = topic.split("/")[-2]
-        if not payload:
-            self._group_desired.pop(group, None)
-            return
+        self._on_desired(topic, payload, topic.split("/")[-2])
+
+    def _on_infer_feedback(self, topic: str, payload: bytes, retained: bool) -> None:
         try:
-            self._group_desired[group] = decode(Desired, payload)
-        except MessageError as err:
-            self._refuse_message(topic, err)
-            return
-        self._work.put("reconcile")
+            self.quality.feedback(payload)
+        except (MessageError, FeedbackError) as err:
+            log.warning("refused feedback on %s: %s", topic, err)
 
-    def _on_infer_request(self, topic: str, payload: bytes, retained: bool) -> None:
-        try:
-            self._requests.put_nowait(payload)
-        except queue.Full:
-            self.stats.record_error()
-            log.warning("inference queue full; request dropped")
-
-    def _refuse_message(self, topic: str, err: Exception) -> None:
-        log.warning("refused message on %s: %s", topic, err)
-        self._event("refused", f"message on {topic}: {err}")
-
-    # --- install worker
-    def _effective_desired(self) -> Desired | None:
-        if self._device_desired is not None:
-            return self._device_desired
-        for group in self.config.groups:
-            if group in self._group_desired:
-                return self._group_desired[group]
-        return None
-
-    def _install_loop(self) -> None:
-        while not self._stop.is_set():
-            item = self._work.get()
-            if item == "stop":
-                return
-            try:
-                self._reconcile()
-            except Exception as err:  # the daemon must outlive any bug in one install
-                log.exception("install worker failed")
-                self.last_error = f"internal error: {err}"
-                self._publish_status()
-
-    def _reconcile(self) -> None:
-        desired = self._effective_desired()
-        if desired is None or (self.model is not None and desired.bundle_id == self.model.bundle_id):
-            return
-        key = f"{desired.bundle_id}@{desired.issued_at}"
-        if key in self.store.load_state().refused:
-            return
-        bundle_id = desired.bundle_id
-        self._event("desired", f"{desired.model_name} {desired.model_version} ({bundle_id})", bundle_id=bundle_id)
-        self._set_state("downloading")
-        ctx = InstallContext(
-            self.conn,
-            self.topics,
-            self.store,
-            self.trusted,
-            self.profile.name,
-            self.runtime,
-            self.config.block_window,
-            self.config.offer_timeout_s,
-            self.config.min_free_bytes,
-            int(self.profile.size_limit_mb * 1e6),
-        )
-
-        def notify(kind: str, detail: str, progress: float | None) -> None:
-            if kind == "downloaded":
-                self._set_state("installing")
-            self._event(kind, detail, bundle_id=bundle_id, progress=progress)  # type: ignore[arg-type]
-
-        try:
-            model = install(ctx, desired, self.store.load_state().versions, notify)
-        except (TransferError, BrokerError) as err:
-            # Transient: the bundle may appear or the link come back; try again later.
-            self._fail(bundle_id, "error", f"{err}; retrying in {self.config.retry_delay_s:g} s")
-            self._retry_later()
-            return
-        except (Refused, BundleError) as err:
-            self.store.remember_refusal(key)
-            kind: EventKind = "rolled-back" if self.model is not None else "refused"
-            self._fail(bundle_id, kind, str(err))
-            return
-        self.store.commit(bundle_id, model.manifest.model_name, model.manifest.model_version)
-        model.bundle_dir = self.store.bundle_dir(bundle_id)
-        previous = self._swap(model)
-        self.last_error = None
-        self._set_state("serving")
-        detail = f"now serving on {model.provider}" + (f" (was {previous.bundle_id})" if previous else "")
-        self._event("committed", detail, bundle_id=bundle_id)
-
+    # --- install worker (the rest, with the shadow install, is in agent/install_worker.py)
     def _swap(self, model: LoadedModel) -> LoadedModel | None:
         """Hot swap: the old model serves until this call; requests in flight on it finish, then it closes."""
         previous, self.model = self.model, model
         self.stats.reset_health()
+        self.quality.bind(model)
         if self.service is not None:
             self.service.swap(model, replaces=previous.manifest.model_name if previous else None)
         if previous is not None:
@@ -298,247 +195,6 @@ class Agent:
     def _retire(self, model: LoadedModel) -> None:
         if self.service is None or self.service.wait_idle(model, 30):
             model.close()
-
-    def _fail(self, bundle_id: str, kind: EventKind, reason: str) -> None:
-        log.warning("bundle %s: %s", bundle_id, reason)
-        self.last_error = f"{bundle_id}: {reason}"
-        self._event(kind, reason, bundle_id=bundle_id)
-        self._set_state("serving" if self.model is not None else "idle")
-
-    def _retry_later(self) -> None:
-        timer = threading.Timer(self.config.retry_delay_s, self._work.put, args=("reconcile",))
-        timer.daemon = True
-        timer.start()
-
-    # --- inference worker
-    def _inference_loop(self) -> None:
-        while not self._stop.is_set():
-            self._inference_beat = time.monotonic()
-            try:
-                payload = self._requests.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            try:
-                request = decode(InferRequest, payload)
-            except MessageError as err:
-                self.stats.record_error()
-                log.warning("refused inference request: %s", err)
-                continue
-            response = self._infer(request)
-            try:
-                self.conn.publish(
-                    self.topics.infer_response(self.config.device_id, request.client_id), response.encode(), qos=0
-                )
-            except (BrokerError, ValueError) as err:
-                log.warning("cannot answer request %s: %s", request.request_id, err)
-
-    def _infer(self, request: InferRequest) -> InferResponse:
-        model = self.model
-        if model is None:
-            self.stats.record_error()
-            return InferResponse(request_id=request.request_id, ok=False, error="no model installed")
-        try:
-            feeds = {name: tensor.to_array() for name, tensor in request.inputs.items()}
-            start = time.perf_counter()
-            outputs = model.run(feeds)
-            latency = (time.perf_counter() - start) * 1000
-        except (MessageError, DataError) as err:
-            self.stats.record_error()
-            return InferResponse(request_id=request.request_id, ok=False, error=str(err), bundle_id=model.bundle_id)
-        except Exception as err:  # a runtime failure answers the caller instead of killing the worker
-            self.stats.record_failure()
-            return InferResponse(
-                request_id=request.request_id, ok=False, error=f"inference failed: {err}", bundle_id=model.bundle_id
-            )
-        self.stats.record(latency)
-        return InferResponse(
-            request_id=request.request_id,
-            ok=True,
-            latency_ms=round(latency, 4),
-            provider=model.provider,
-            bundle_id=model.bundle_id,
-            outputs={k: WireTensor.of(v) for k, v in outputs.items()},
-        )
-
-    # --- telemetry
-    def _telemetry_loop(self) -> None:
-        while not self._stop.wait(self.config.telemetry_interval_s):
-            try:
-                self._publish_telemetry()
-            except Exception:  # telemetry must never take the agent down
-                log.exception("telemetry failed")
-
-    def _publish_telemetry(self) -> None:
-        latency, requests, errors, window_s = self.stats.snapshot()
-        model = self.model
-        golden = model.last_golden if model else None
-        field = self.service.field.score() if self.service else FieldScore(None, 0)
-        message = Telemetry(
-            device_id=self.config.device_id,
-            bundle_id=model.bundle_id if model else None,
-            provider=model.provider if model else None,
-            window_s=round(window_s, 3),
-            requests=requests,
-            errors=errors,
-            throughput_rps=round(requests / window_s, 3) if window_s > 0 else 0.0,
-            latency=latency,
-            golden_agreement=golden.agreement if golden else None,
-            golden_max_abs_error=golden.max_abs_error if golden else None,
-            cpu_percent=self.resources.cpu_percent(),
-            rss_mb=self.resources.rss_mb(),
-            temperature_c=self.resources.temperature_c(),
-            queue_depth=self._requests.qsize() + (self.service.metrics.queue_depth() if self.service else 0),
-            errors_by_kind={k[0]: int(v) for k, v in self.service.metrics.errors.items()} if self.service else {},
-            field_accuracy=field.accuracy,
-            field_samples=field.samples,
-            spool_depth=self.spool.depth(),
-            spool_dropped=self.spool.dropped(),
-            seq=self.spool.next_sequence(),
-        )
-        self._enqueue(self.topics.telemetry(self.config.device_id), message.encode())
-
-    def _enqueue(self, topic: str, payload: bytes) -> None:
-        self.spool.put(topic, payload)
-        self._spool_ready.set()
-
-    def _flush_loop(self) -> None:
-        """Publish spooled reports in order; delete each only once the broker acknowledged it."""
-        while not self._stop.is_set():
-            self._spool_ready.wait(5.0)
-            self._spool_ready.clear()
-            while self.conn.connected and not self._stop.is_set():
-                batch = self.spool.next_batch()
-                if not batch:
-                    break
-                acked = []
-                for record in batch:
-                    try:
-                        self.conn.publish(record.topic, record.payload, qos=1, wait=10.0)
-                    except (BrokerError, ValueError) as err:
-                        log.info("spool flush paused: %s", err)
-                        break
-                    acked.append(record.rowid)
-                self.spool.ack(acked)
-                if len(acked) < len(batch):
-                    self._stop.wait(1.0)  # the link is flaky: back off, then retry in order
-                    break
-
-    # --- health after commit
-    def _health_loop(self) -> None:
-        while not self._stop.wait(self.config.health_interval_s):
-            try:
-                self._check_health()
-            except Exception:  # health checks must never take the agent down
-                log.exception("health check failed")
-
-    def _check_health(self) -> None:
-        model = self.model
-        if model is None:
-            return
-        try:
-            verify_files(model.bundle_dir, model.manifest)
-            files_ok, files_reason = True, ""
-        except BundleError as err:
-            files_ok, files_reason = False, str(err)
-        golden = model.check_golden(warmup=0)
-        ratio, seen = self.stats.failure_ratio(self.config.failure_window)
-        verdict = judge_health(
-            files_ok=files_ok,
-            files_reason=files_reason,
-            golden=golden,
-            failure_ratio=ratio,
-            requests_seen=seen,
-            max_failure_ratio=self.config.max_failure_ratio,
-            min_requests=self.config.failure_window,
-        )
-        if not verdict.healthy:
-            self._on_unhealthy(model, verdict)
-
-    def _on_unhealthy(self, model: LoadedModel, verdict: HealthVerdict) -> None:
-        bundle_id = model.bundle_id
-        self._event("health-failed", verdict.reason, bundle_id=bundle_id)
-        self.last_error = f"{bundle_id}: {verdict.reason}"
-        if not self.config.rollback_on_failure:
-            self._publish_status()
-            return
-        state = self.store.load_state()
-        for previous in state.history:
-            try:
-                restored = load_installed(self.store, previous, self.trusted, self.runtime)
-            except EdgefleetError as err:
-                log.warning("previous bundle %s is not usable either: %s", previous, err)
-                continue
-            desired = self._effective_desired()
-            if desired is not None and desired.bundle_id == bundle_id:
-                self.store.remember_refusal(f"{desired.bundle_id}@{desired.issued_at}")
-            self.store.commit(previous, restored.manifest.model_name, restored.manifest.model_version)
-            self._swap(restored)
-            self._event("rolled-back", f"{verdict.reason}; now serving {previous}", bundle_id=bundle_id)
-            self._publish_status()
-            return
-        log.error("bundle %s is unhealthy and there is nothing to roll back to", bundle_id)
-        self._publish_status()
-
-    # --- status and events
-    def _set_state(self, state: DeviceState) -> None:
-        self.state = state
-        watchdog.status(state)
-        self._publish_status()
-
-    def _publish_status(
-        self, *, online: bool = True, state: DeviceState | None = None, wait: float | None = None
-    ) -> None:
-        model = self.model
-        status = DeviceStatus(
-            device_id=self.config.device_id,
-            online=online,
-            state=state or self.state,
-            agent_version=__version__,
-            profile=self.profile.name,
-            groups=self.config.groups,
-            hardware=_hardware(),
-            providers=_usable_providers(model),
-            active_bundle=model.bundle_id if model else None,
-            active_model=f"{model.manifest.model_name}@{model.manifest.model_version}" if model else None,
-            provider_in_use=model.provider if model else None,
-            provider_summary=model.choice.summary if model else None,
-            providers_not_chosen=dict(model.choice.reasons) if model else {},
-            verified=bool(model and model.last_golden and model.last_golden.passed),
-            last_error=self.last_error,
-        )
-        with self._status_lock:
-            if self.conn.connected:
-                self.conn.publish(
-                    self.topics.status(self.config.device_id), status.encode(), qos=1, retain=True, wait=wait
-                )
-
-    def _event(
-        self, kind: EventKind, detail: str, *, bundle_id: str | None = None, progress: float | None = None
-    ) -> None:
-        event = Event(
-            device_id=self.config.device_id, kind=kind, bundle_id=bundle_id, detail=detail, progress=progress,
-            seq=self.spool.next_sequence(),
-        )  # fmt: skip
-        log.info("event %s %s: %s", kind, bundle_id or "", detail)
-        self._enqueue(self.topics.events(self.config.device_id), event.encode())
-
-
-def _usable_providers(model: LoadedModel | None) -> list[str]:
-    """What can run here: from the last provider choice (probing every backend would import them all)."""
-    if model is None:
-        return list(ort.get_available_providers())
-    usable = [p for p, why in model.choice.reasons.items() if not why.startswith(("not available", "excluded"))]
-    return [model.provider, *usable]
-
-
-def _hardware() -> Hardware:
-    return Hardware(
-        arch=platform.machine(),
-        os=platform.system().lower(),
-        cpu_count=os.cpu_count() or 1,
-        memory_mb=int(psutil.virtual_memory().total / 2**20),
-        hostname=socket.gethostname(),
-    )
 
 
 __all__ = ["Agent"]

@@ -1,282 +1,387 @@
-"""The HTTP/1.1 side of the local inference API: a small reader of our own on socketserver (keep-alive,
-Content-Length bodies), because http.server's header parsing doubled the overhead per request."""
+"""The HTTP/1.1 side of the local inference API: one I/O thread and a bounded pool of workers.
+
+The I/O thread owns every idle or half-read connection: it accepts, reads request heads and bodies without
+blocking, and enforces the limits (connections, head size, head and body deadlines). A request is admitted
+(`App.admit`) as soon as its head is complete and BEFORE its body is read: a refusal (404, 413, 503, ...) is
+answered at once and the body is never read. An admitted request is handed, whole, to a worker of a fixed pool;
+the worker answers it (with a send deadline) and gives the connection back. So a thousand slow clients cost a
+thousand sockets and a few bytes each, never a thread each, and can never starve the workers.
+
+One exception saves a thread wake-up per request where it counts, for small fast models: a request whose body is
+complete and small (QUICK_BODY_MAX) and that the app calls quick (`Admission.quick`: the service is otherwise idle,
+the model's last run took under a millisecond and an inference slot is reserved for it) is answered on the I/O
+thread itself. The I/O thread still never waits on a peer: an answer the socket cannot take at once is finished
+by a worker.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import re
+import queue
+import selectors
 import socket
-import socketserver
+import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from email.utils import formatdate
-from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable
 
-from edgefleet.agent.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from edgefleet.agent.wire import JSON, RequestError
+from edgefleet.agent.http_connection import BODY, BUSY, HEAD, IDLE, Conn, send_rest, send_some
+from edgefleet.agent.http_protocol import (
+    MAX_HEAD,
+    App,
+    BadHead,
+    Response,
+    ServerLimits,
+    body_length,
+    encode,
+    parse_head,
+)
 
 log = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    from edgefleet.agent.service import InferenceService
-
-_INFER = re.compile(r"^/v1/models/([A-Za-z0-9._-]{1,64})/infer$")
-_MODEL = re.compile(r"^/v1/models/([A-Za-z0-9._-]{1,64})$")
-_FEEDBACK = re.compile(r"^/v1/models/([A-Za-z0-9._-]{1,64})/feedback$")
+QUICK_BODY_MAX = 64 * 1024  # a larger body is decoded by a worker, whatever the app says
 
 
-class _BadHead(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
+class HttpServer:
+    """Serves `app` on a bound, listening socket until `stop()`."""
 
-
-@dataclass(frozen=True)
-class _Head:
-    method: str
-    path: str
-    version: str
-    headers: dict[str, str]  # lower-case names
-
-    @property
-    def keep_alive(self) -> bool:
-        connection = self.headers.get("connection", "").lower()
-        if self.version == "HTTP/1.0":
-            return "keep-alive" in connection
-        return "close" not in connection
-
-
-_MAX_LINE = 8192
-_MAX_HEADERS = 64
-_DATE = {"second": 0, "text": ""}
-
-
-def _http_date() -> str:
-    now = int(time.time())
-    if _DATE["second"] != now:
-        _DATE["text"] = formatdate(now, usegmt=True)
-        _DATE["second"] = now
-    return str(_DATE["text"])
-
-
-class RequestHandler(socketserver.StreamRequestHandler):
-    """One keep-alive connection: a lean HTTP/1.1 reader (request line, headers, Content-Length body).
-
-    http.server's handler parses headers with the email package and writes headers and body separately;
-    at a few tens of microseconds per inference that doubled the API's overhead, hence this small reader.
-    """
-
-    service: InferenceService
-
-    def setup(self) -> None:
-        super().setup()
-        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
-        with self.service._connections_lock:
-            self.service._connections.add(self.connection)
-
-    def finish(self) -> None:
-        with self.service._connections_lock:
-            self.service._connections.discard(self.connection)
-        with contextlib.suppress(OSError):
-            super().finish()
-
-    def handle(self) -> None:
-        while True:
-            try:
-                head = self._read_head()
-            except _BadHead as err:
-                self.service.metrics.error("bad-request")
-                self.service.metrics.requests.inc("-", str(err.status))
-                body = json.dumps({"error": {"kind": "bad-request", "message": err.message}}).encode()
-                with contextlib.suppress(OSError):
-                    self._send(err.status, body, JSON, close=True)
-                return
-            except (OSError, ValueError):  # timeout, reset, or a closed connection
-                return
-            if head is None:
-                return
-            try:
-                keep = self._dispatch(head) and head.keep_alive
-            except OSError:
-                return
-            if not keep:
-                return
-
-    def _read_head(self) -> _Head | None:
-        line = self.rfile.readline(_MAX_LINE + 1)
-        while line in (b"\r\n", b"\n"):  # RFC 9112: ignore empty lines before a request line
-            line = self.rfile.readline(_MAX_LINE + 1)
-        if not line:
-            return None
-        if len(line) > _MAX_LINE:
-            raise _BadHead(414, "request line too long")
-        parts = line.decode("latin-1").rstrip("\r\n").split(" ")
-        if len(parts) != 3 or not parts[1].startswith("/"):
-            raise _BadHead(400, "malformed request line")
-        method, target, version = parts
-        if version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise _BadHead(505, f"{version} is not supported; use HTTP/1.1")
-        headers: dict[str, str] = {}
-        for _ in range(_MAX_HEADERS + 1):
-            line = self.rfile.readline(_MAX_LINE + 1)
-            if len(line) > _MAX_LINE:
-                raise _BadHead(431, "header line too long")
-            if line in (b"\r\n", b"\n", b""):
-                return _Head(method, target.split("?", 1)[0], version, headers)
-            name, sep, value = line.decode("latin-1").partition(":")
-            if not sep or not name or name != name.strip():
-                raise _BadHead(400, "malformed header line")
-            headers[name.lower()] = value.strip()
-        raise _BadHead(431, f"more than {_MAX_HEADERS} headers")
-
-    # --- routing; returns whether the connection may be reused
-    def _dispatch(self, head: _Head) -> bool:
-        if head.method == "POST":
-            return self._post(head)
-        if head.method != "GET":
-            reusable = self._discard_body(head)
-            self._error(RequestError(405, "bad-request", f"method {head.method} not allowed"), allow="GET, POST",
-                        close=not reusable)  # fmt: skip
-            return reusable
-        service, path = self.service, head.path
-        if path == "/metrics":
-            self._send(200, service.metrics.exposition().encode(), METRICS_CONTENT_TYPE)
-        elif path == "/healthz":
-            models = service.models()
-            self._json(200, {"status": "ok" if models else "no-model", "models": sorted(models)})
-        elif path == "/v1/models":
-            self._json(200, {"models": [service.describe(m) for _, m in sorted(service.models().items())]})
-        elif match := _MODEL.match(path):
-            model = service.models().get(match.group(1))
-            if model is None:
-                self._error(RequestError(404, "not-found", f"no model named {match.group(1)!r} is served here"))
-            else:
-                self._json(200, service.describe(model))
-        elif _INFER.match(path):
-            self._error(RequestError(405, "bad-request", "use POST for inference"), allow="POST")
-        else:
-            self._error(RequestError(404, "not-found", f"no such endpoint {path}"))
-        return True
-
-    def _post(self, head: _Head) -> bool:
-        if feedback := _FEEDBACK.match(head.path):
-            return self._feedback(head, feedback.group(1))
-        match = _INFER.match(head.path)
-        if match is None:
-            reusable = self._discard_body(head)
-            self._error(
-                RequestError(404, "not-found", f"no such endpoint {head.path} (POST /v1/models/NAME/infer)"),
-                close=not reusable,
-            )
-            return reusable
-        name = match.group(1)
-        try:
-            body = self._read_body(head)
-        except RequestError as err:
-            self._error(err, model=name, close=True)  # the body was not read: the connection is unusable
-            return False
-        try:
-            payload, kind, headers = self.service.infer(
-                name, body, head.headers.get("content-type", JSON), head.headers.get("accept", "")
-            )
-        except RequestError as err:
-            self._error(err, model=name)
-            return True
-        self.service.metrics.requests.inc(name, "200")
-        self._send(200, payload, kind, headers)
-        return True
-
-    def _feedback(self, head: _Head, name: str) -> bool:
-        try:
-            body = self._read_body(head)
-        except RequestError as err:
-            self._error(err, model=name, close=True)
-            return False
-        try:
-            document = self.service.feedback(name, body)
-        except RequestError as err:
-            self._error(err, model=name)
-            return True
-        self._json(200, document)
-        return True
-
-    # --- bodies and answers
-    def _read_body(self, head: _Head) -> bytes:
-        if "chunked" in head.headers.get("transfer-encoding", "").lower():
-            raise RequestError(411, "bad-request", "chunked bodies are not accepted; send Content-Length")
-        length_text = head.headers.get("content-length")
-        if length_text is None:
-            raise RequestError(411, "bad-request", "Content-Length is required")
-        if not length_text.isdigit():
-            raise RequestError(400, "bad-request", f"Content-Length {length_text!r} is not a number")
-        length, limit = int(length_text), self.service.config.max_body_bytes
-        if length > limit:
-            raise RequestError(413, "too-large", f"request body of {length} bytes exceeds the limit of {limit} bytes")
-        body = self.rfile.read(length)
-        if len(body) != length:
-            raise RequestError(400, "bad-request", f"body ended after {len(body)} of {length} bytes")
-        return body
-
-    def _discard_body(self, head: _Head) -> bool:
-        """Skip a body we do not use; False when it cannot be skipped (the connection must close)."""
-        length_text = head.headers.get("content-length", "0")
-        if "transfer-encoding" in head.headers or not length_text.isdigit():
-            return False
-        length = int(length_text)
-        if length > self.service.config.max_body_bytes:
-            return False
-        return len(self.rfile.read(length)) == length
-
-    def _json(self, status: int, document: Any) -> None:
-        self._send(status, json.dumps(document).encode(), JSON)
-
-    def _error(self, err: RequestError, *, model: str = "-", allow: str | None = None, close: bool = False) -> None:
-        metrics = self.service.metrics
-        metrics.error(err.kind)
-        metrics.requests.inc(model, str(err.status))
-        headers = {"Allow": allow} if allow else {}
-        if err.status == 503:
-            headers["Retry-After"] = "1"
-        body = json.dumps({"error": {"kind": err.kind, "message": err.message}}).encode()
-        self._send(err.status, body, JSON, headers, close=close)
-
-    def _send(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str,
-        headers: Mapping[str, str] | None = None,
-        *,
-        close: bool = False,
+    def __init__(
+        self, listener: socket.socket, app: App, limits: ServerLimits, on_close: Callable[[str], None] | None = None
     ) -> None:
-        lines = [
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-            f"Date: {_http_date()}",
-            "Server: edgefleet-agent",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
+        """`on_close(reason)` is told of every connection the server closes, and why (for metrics)."""
+        self.listener, self.app, self.limits, self._on_close = listener, app, limits, on_close
+        listener.setblocking(False)
+        self._tcp = listener.family in (socket.AF_INET, socket.AF_INET6)
+        self._selector = selectors.DefaultSelector()
+        self._selector_lock = threading.RLock()
+        self._conns: dict[int, Conn] = {}
+        self._conns_lock = threading.Lock()
+        self._returned: deque[Conn] = deque()
+        self._rbuf = bytearray(262144)  # the I/O thread's receive buffer
+        self._rview = memoryview(self._rbuf)
+        self._waker_r, self._waker_w = socket.socketpair()
+        self._waker_r.setblocking(False)
+        self._waker_w.setblocking(False)
+        self._jobs: queue.SimpleQueue[Conn | Callable[[], None] | None] = queue.SimpleQueue()
+        self._workers = [
+            threading.Thread(target=self._worker, name=f"inference-api-{i}", daemon=True) for i in range(limits.workers)
         ]
-        lines.extend(f"{key}: {value}" for key, value in (headers or {}).items())
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle
+    def start(self) -> HttpServer:
+        self._selector.register(self.listener, selectors.EVENT_READ, None)
+        self._selector.register(self._waker_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._loop, name="inference-api-io", daemon=True)
+        self._thread.start()
+        for worker in self._workers:
+            worker.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(5)
+        for _ in self._workers:
+            self._jobs.put(None)
+        with self._conns_lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            self._close(conn, "stopped")
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        for sock in (self._waker_r, self._waker_w):
+            sock.close()
+        self._selector.close()
+
+    def open_connections(self) -> int:
+        return len(self._conns)
+
+    # --- the I/O thread
+    def _loop(self) -> None:
+        next_sweep = 0.0
+        while not self._stopping.is_set():
+            try:
+                events = self._selector.select(0.25)
+            except OSError:  # a socket closed under the selector by a worker: select again
+                continue
+            for key, _ in events:
+                if key.data is None:
+                    self._accept()
+                elif key.data == "wake":
+                    with contextlib.suppress(OSError):
+                        while self._waker_r.recv(4096):
+                            pass
+                else:
+                    self._readable(key.data)
+            while self._returned:
+                self._resume(self._returned.popleft())
+            now = time.monotonic()
+            if now >= next_sweep:
+                self._sweep(now)
+                next_sweep = now + 0.25
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:  # out of file descriptors: leave the rest in the backlog for now
+                log.warning("accept failed: %s", err)
+                return
+            if len(self._conns) >= self.limits.max_connections and not self._evict_oldest():
+                self._count("over-limit")
+                sock.close()
+                continue
+            sock.setblocking(False)
+            if self._tcp:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
+            conn = Conn(sock, time.monotonic(), self.limits.keep_alive_s)
+            with self._conns_lock:
+                self._conns[conn.fd] = conn
+            self._register(conn)
+
+    def _evict_oldest(self) -> bool:
+        """At the connection limit, the connection idle (or stuck in its head) the longest makes room."""
+        with self._conns_lock:
+            waiting = [c for c in self._conns.values() if c.state in (IDLE, HEAD)]
+        if not waiting:
+            return False
+        self._close(min(waiting, key=lambda c: c.last), "evicted")
+        return True
+
+    def _readable(self, conn: Conn) -> None:
+        with self._selector_lock:
+            if conn.state == BUSY:  # a pipelined request while a worker answers: read it once it is done
+                self._unregister(conn)
+                return
+        try:  # into one preallocated buffer: recv(n) would allocate (and page in) n bytes on every call
+            count = conn.sock.recv_into(self._rbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn, "reset")
+            return
+        if not count:
+            self._close(conn, "peer-closed")
+            return
+        data = self._rview[:count].tobytes()
+        now = time.monotonic()
+        conn.last = now
+        if conn.state == BODY:
+            self._take_body(conn, data)
+            return
+        if conn.state == IDLE:
+            conn.state, conn.deadline = HEAD, now + self.limits.header_timeout_s
+        conn.buf += data
+        self._parse(conn)
+
+    def _parse(self, conn: Conn) -> None:
+        while conn.buf[:2] == b"\r\n":  # RFC 9112: ignore empty lines before a request line
+            del conn.buf[:2]
+        end = conn.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(conn.buf) > MAX_HEAD:
+                self._refuse(conn, 431, f"request head over {MAX_HEAD} bytes")
+            return
+        if end > MAX_HEAD:
+            self._refuse(conn, 431, f"request head over {MAX_HEAD} bytes")
+            return
+        raw = bytes(conn.buf[:end])
+        del conn.buf[: end + 4]
+        try:
+            head = parse_head(raw)
+            length = body_length(head, self.limits.max_body_bytes)
+        except BadHead as err:
+            self._refuse(conn, err.status, err.message)
+            return
+        try:
+            decision = self.app.admit(head, length)
+        except Exception:  # the app must answer; never let one request take the I/O thread down
+            log.exception("admission failed for %s %s", head.method, head.path)
+            decision = self.app.refused(500, "internal error while admitting the request")
+        if isinstance(decision, Response):
+            # The body was not read: the connection can only be reused when there is no body to skip.
+            decision.close = decision.close or length > 0 or not head.keep_alive
+            self._answer_now(conn, decision)
+            return
+        conn.head, conn.admission, conn.state = head, decision, BODY
+        conn.deadline = time.monotonic() + self.limits.body_timeout_s
+        conn.body = bytearray()  # grows with what arrives: a declared length costs nothing until it is sent
+        conn.got = length  # here: the body's declared length
+        leftover = bytes(conn.buf)
+        conn.buf.clear()
+        self._take_body(conn, leftover)
+
+    def _take_body(self, conn: Conn, data: bytes) -> None:
+        need = conn.got - len(conn.body)
+        if data:
+            conn.body += data[:need]
+            if len(data) > need:
+                conn.buf += data[need:]  # a pipelined next request
+        if len(conn.body) < conn.got:
+            return
+        conn.state = BUSY  # it stays registered: a worker answers, and no epoll_ctl is needed per request
+        if conn.got <= QUICK_BODY_MAX and self._quick(conn):
+            self._answer_quick(conn)
+            return
+        self._jobs.put(conn)
+
+    def _quick(self, conn: Conn) -> bool:
+        quick = conn.admission.quick if conn.admission is not None else None
+        if quick is None:
+            return False
+        try:
+            return quick()
+        except Exception:  # a worker answers it then
+            log.exception("quick admission check failed")
+            return False
+
+    def _answer_quick(self, conn: Conn) -> None:
+        """Answer a request the app called quick here on the I/O thread: one thread wake fewer than a worker. An
+        answer the peer cannot take at once is finished by a worker (the I/O thread never waits on a peer)."""
+        response = self._respond(conn)
+        data = encode(response)
+        now = time.monotonic()
+        sent = send_some(conn.sock, data)
+        if sent == len(data) and not response.close:
+            conn.state, conn.last, conn.deadline = IDLE, now, now + self.limits.keep_alive_s
+            if conn.buf:  # pipelined requests: parsed by the loop (not from here: no recursion)
+                self._returned.append(conn)
+            return
+        self._jobs.put(lambda: self._after_send(conn, data, sent, response.close, now))
+
+    def _answer_now(self, conn: Conn, response: Response) -> None:
+        """A short answer from the I/O thread; a peer that cannot take it at once loses the connection."""
+        data = encode(response)
+        try:
+            sent = conn.sock.send(data)
+        except OSError:
+            sent = -1
+        if sent != len(data) or response.close:
+            self._close(conn, "refused")
+            return
+        conn.state, conn.deadline = IDLE, time.monotonic() + self.limits.keep_alive_s
+        if conn.buf:
+            self._parse(conn)
+
+    def _refuse(self, conn: Conn, status: int, message: str) -> None:
+        response = self.app.refused(status, message)
+        response.close = True
+        self._answer_now(conn, response)
+
+    def _sweep(self, now: float) -> None:
+        with self._conns_lock:
+            late = [c for c in self._conns.values() if c.state != BUSY and c.deadline <= now]
+        for conn in late:
+            reason = {IDLE: "keep-alive-timeout", HEAD: "header-timeout", BODY: "body-timeout"}[conn.state]
+            if conn.state == BODY:
+                admission, conn.admission = conn.admission, None
+                if admission is not None:  # its place is free before the client hears why
+                    admission.release()
+                with contextlib.suppress(OSError):  # tell a merely slow client why; never wait for it
+                    response = self.app.refused(408, f"the request body did not arrive within "
+                                                     f"{self.limits.body_timeout_s:g} s")  # fmt: skip
+                    response.close = True
+                    conn.sock.send(encode(response))
+            self._close(conn, reason)
+
+    # --- workers
+    def _worker(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if isinstance(job, Conn):
+                self._work(job)
+            else:
+                job()
+
+    def _respond(self, conn: Conn) -> Response:
+        admission, body = conn.admission, bytes(conn.body) if len(conn.body) else b""
+        head = conn.head
+        conn.admission, conn.body, conn.head = None, bytearray(), None
+        assert admission is not None and head is not None
+        try:
+            response = admission.handle(body)
+        except Exception:  # handlers answer every error themselves; this is the last line of defence
+            log.exception("request %s %s failed", head.method, head.path)
+            response = self.app.refused(500, "internal error")
+        finally:
+            admission.release()
+        response.close = response.close or not head.keep_alive or self._stopping.is_set()
+        return response
+
+    def _work(self, conn: Conn) -> None:
+        response = self._respond(conn)
+        data = encode(response)
+        now = time.monotonic()
+        with self._selector_lock:  # the I/O thread cannot see this connection between the send and IDLE
+            sent = send_some(conn.sock, data)
+            if sent == len(data) and not response.close and not conn.buf and conn.registered:
+                conn.state, conn.last, conn.deadline = IDLE, now, now + self.limits.keep_alive_s
+                return  # the common case: one send, no selector change
+        self._after_send(conn, data, sent, response.close, now)
+
+    def _after_send(self, conn: Conn, data: bytes, sent: int, close: bool, now: float) -> None:
+        """On a worker: the rest of an answer (waiting for a slow peer), then the connection back to the I/O thread."""
+        if sent < 0 or not send_rest(conn.sock, data, max(sent, 0), now + self.limits.send_timeout_s):
+            self._close(conn, "send-failed")
+            return
         if close:
-            lines.append("Connection: close")
-        self.connection.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)  # one write
+            self._close(conn, "closed")
+            return
+        with self._selector_lock:
+            conn.state, conn.last, conn.deadline = IDLE, now, now + self.limits.keep_alive_s
+        self._returned.append(conn)  # the I/O thread registers it again and parses what is already buffered
+        self._wake()
 
+    def _resume(self, conn: Conn) -> None:
+        self._register(conn)
+        if conn.buf:
+            self._parse(conn)
 
-class TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
+    # --- bookkeeping
+    def _register(self, conn: Conn) -> None:
+        with self._selector_lock:
+            if conn.registered:
+                return
+            try:
+                self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+                conn.registered = True
+            except (ValueError, KeyError, OSError):
+                self._close(conn, "register-failed")
 
+    def _unregister(self, conn: Conn) -> None:
+        with self._selector_lock:
+            if conn.registered:
+                conn.registered = False
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._selector.unregister(conn.sock)
 
-class TCPServer6(TCPServer):
-    address_family = socket.AF_INET6
+    def _close(self, conn: Conn, reason: str) -> None:
+        with self._selector_lock:
+            if conn.closed:
+                return
+            conn.closed = True
+        self._unregister(conn)  # before the close: the selector must never hold a closed descriptor
+        admission, conn.admission = conn.admission, None
+        if admission is not None:
+            admission.release()
+        with self._conns_lock:
+            if self._conns.get(conn.fd) is conn:
+                del self._conns[conn.fd]
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        self._count(reason)
 
+    def _count(self, reason: str) -> None:
+        if self._on_close is not None:
+            self._on_close(reason)
 
-class UnixServer(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
-    block_on_close = False
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._waker_w.send(b"x")

@@ -17,21 +17,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgefleet.agent import backends, custom_ops
+from edgefleet.agent.chunk_download import open_download
+from edgefleet.agent.chunk_pages import resolve_index
+from edgefleet.agent.chunk_store import write_index
+from edgefleet.agent.link_pacing import LinkPacer
 from edgefleet.agent.runtime import LoadedModel, RuntimeOptions
 from edgefleet.agent.store import Store, atomic_write
-from edgefleet.agent.transfer import BlockDownload, TransferError
-from edgefleet.core.bundle import MANIFEST_NAME, SIGNATURE_NAME, SignedManifest, unpack_bundle, verify_files
-from edgefleet.core.errors import BrokerError, BundleError
+from edgefleet.agent.transfer import TransferError
+from edgefleet.agent.trust import DeviceTrust
+from edgefleet.core.bundle import MANIFEST_NAME, SignedManifest, parse_manifest, unpack_pinned, verify_files
+from edgefleet.core.errors import BrokerError, BundleError, DiskFullError, SignatureError
+from edgefleet.core.keyset import public_pem
 from edgefleet.core.manifest import Manifest, parse_version
 from edgefleet.core.messages import BundleOffer, Desired, MessageError, decode
 from edgefleet.core.mqtt import Connection
-from edgefleet.core.signing import TrustedKeys
 from edgefleet.core.topics import Topics
+from edgefleet.core.transfer import check_layout, verify_offer
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_FORMATS = ("onnx", "openvino-ir", "coreml", "onnx-tensorrt")
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")  # what an onnx-tensorrt bundle is for
+OFFER_NAME = "offer.json"  # the signed offer an installed bundle was verified by (re-checked at start-up)
+SIGNER_NAME = "signer.pub"  # the bundle key that signed it, as delegated at install time
 
 
 class Refused(BundleError):
@@ -43,13 +51,15 @@ class InstallContext:
     conn: Connection
     topics: Topics
     store: Store
-    trusted: TrustedKeys
+    trust: DeviceTrust
     profile: str
     runtime: RuntimeOptions
     block_window: int
     offer_timeout_s: float
     min_free_bytes: int
     size_limit_bytes: int
+    accepted_profiles: tuple[str, ...] = ()  # every profile this device runs bundles for; () = `profile` alone
+    link: LinkPacer | None = None  # the device link's cap and report priority (agent/link_pacing.py)
 
 
 Notify = Callable[[str, str, float | None], None]  # (event kind, detail, progress)
@@ -75,37 +85,72 @@ def fetch_offer(ctx: InstallContext, bundle_id: str) -> BundleOffer:
     return offer
 
 
-def check_offer(ctx: InstallContext, offer: BundleOffer, desired: Desired, versions: dict[str, str]) -> Manifest:
-    """Everything that can be refused before a single block is downloaded."""
+def check_offer(
+    ctx: InstallContext, offer: BundleOffer, desired: Desired, floor: dict[str, str], *, shadow: bool = False
+) -> Manifest:
+    """Everything that can be refused before a single block is downloaded: one signature by a delegated bundle
+    key over the manifest AND the transfer layout, a possible layout, the document's exact bundle, the version
+    floor. Not enough disk is transient (TransferError): the device retries when space returns."""
     try:
-        manifest = SignedManifest(offer.manifest_json, offer.key_id, offer.signature).verify(ctx.trusted)
-    except BundleError as err:
-        raise Refused(str(err)) from err
-    if manifest.bundle_id != desired.bundle_id:
-        raise Refused(f"signed manifest is for {manifest.bundle_id}, not the desired {desired.bundle_id}")
-    if manifest.profile != ctx.profile:
-        raise Refused(f"bundle is built for profile {manifest.profile}; this device is {ctx.profile}")
+        ctx.trust.consider(offer.keyset)
+        verify_offer(offer, ctx.trust.keys("bundle"))
+    except SignatureError as err:
+        raise Refused(f"offer rejected: {err}") from err
+    check_layout(offer.transfer, ctx.size_limit_bytes)
+    manifest = parse_manifest(offer.manifest_json)
+    if manifest.benchmark_only:
+        raise Refused(f"{manifest.bundle_id} is a benchmark-only candidate: measured on request, never installed")
+    _check_matches(manifest, offer, desired, shadow=shadow)
+    accepted = ctx.accepted_profiles or (ctx.profile,)
+    if manifest.profile not in accepted:
+        raise Refused(
+            f"bundle is built for profile {manifest.profile}; this device is {ctx.profile} "
+            f"and runs bundles for {', '.join(accepted)}"
+        )
     if manifest.format not in SUPPORTED_FORMATS:
         raise Refused(
             f"bundle format {manifest.format} is not supported by this agent ({', '.join(SUPPORTED_FORMATS)})"
         )
     check_runnable(manifest)
-    running = versions.get(manifest.model_name)
-    if running is not None and parse_version(manifest.model_version) <= parse_version(running) and not desired.rollback:
-        raise Refused(
-            f"{manifest.model_name} version {manifest.model_version} is not newer than {running}, "
-            "which this device already installed (a rollback must be marked by the host)"
-        )
-    if offer.transfer.size > ctx.size_limit_bytes:
-        raise Refused(
-            f"bundle is {offer.transfer.size / 1e6:.1f} MB; "
-            f"profile {ctx.profile} allows {ctx.size_limit_bytes / 1e6:.1f} MB"
-        )
+    if not shadow:  # a shadow runs beside the served bundle and is never committed: the floor does not apply
+        check_floor(manifest, desired, floor)
     free = shutil.disk_usage(ctx.store.root).free
     needed = 2 * offer.transfer.size + ctx.min_free_bytes  # the download and its unpacked copy
     if free < needed:
-        raise Refused(f"not enough disk: {free / 2**20:.1f} MiB free, {needed / 2**20:.1f} MiB needed")
+        raise TransferError(
+            f"not enough disk: {free / 2**20:.1f} MiB free, {needed / 2**20:.1f} MiB needed (will retry)"
+        )
     return manifest
+
+
+def _check_matches(manifest: Manifest, offer: BundleOffer, desired: Desired, *, shadow: bool = False) -> None:
+    """Mix-and-match: the signed offer must be exactly the bundle the signed desired document names (for a shadow,
+    the document names only its bundle id)."""
+    if manifest.bundle_id != offer.bundle_id or manifest.bundle_id != desired.bundle_id:
+        raise Refused(f"signed manifest is for {manifest.bundle_id}, not the desired {desired.bundle_id}")
+    if shadow:
+        return
+    named = (desired.model_name, desired.model_version, desired.profile)
+    if (manifest.model_name, manifest.model_version, manifest.profile) != named:
+        raise Refused(
+            f"desired document names {'/'.join(named)} but bundle {manifest.bundle_id} is "
+            f"{manifest.model_name}/{manifest.model_version}/{manifest.profile}"
+        )
+
+
+def check_floor(manifest: Manifest, desired: Desired, floor: dict[str, str]) -> None:
+    """A version at or below the highest ever committed for the model needs a signed document naming exactly
+    this bundle in `allow_downgrade_to`; the unsigned `rollback` flag alone never allows one."""
+    highest = floor.get(manifest.model_name)
+    if highest is None or parse_version(manifest.model_version) > parse_version(highest):
+        return
+    if desired.allow_downgrade_to == manifest.bundle_id:
+        log.warning("signed downgrade of %s to %s (floor %s)", manifest.model_name, manifest.model_version, highest)
+        return
+    raise Refused(
+        f"{manifest.model_name} version {manifest.model_version} is not newer than {highest}, the highest this "
+        "device ever committed (a downgrade must be a signed decision naming this bundle)"
+    )
 
 
 def check_runnable(manifest: Manifest) -> None:
@@ -129,45 +174,58 @@ def check_runnable(manifest: Manifest) -> None:
 
 def download(ctx: InstallContext, offer: BundleOffer, notify: Notify) -> Path:
     last = [-1.0]
+    unit = "chunks" if offer.transfer.chunks else "blocks"
 
     def progress(held: int, total: int) -> None:
         fraction = held / total
         if fraction - last[0] >= 0.1 or held == total:
             last[0] = fraction
-            notify("download-progress", f"{held}/{total} blocks", fraction)
+            notify("download-progress", f"{held}/{total} {unit}", fraction)
 
-    fetch = BlockDownload(
+    pruned = ctx.store.prune_downloads(keep=offer.bundle_id)
+    if pruned:
+        log.info("pruned abandoned downloads: %s", ", ".join(pruned))
+    fetch = open_download(
         ctx.conn,
         ctx.topics,
         offer,
         ctx.store.download_path(offer.bundle_id),
+        bundles_dir=ctx.store.bundles,
         window=ctx.block_window,
         progress=progress,
+        link=ctx.link,
     )
+    pieces = f"{len(offer.transfer.chunks) or offer.transfer.block_count} {unit}"
     if fetch.held_blocks():
-        notify("download-started", f"resuming with {fetch.held_blocks()}/{offer.transfer.block_count} blocks", None)
+        notify("download-started", f"resuming with {fetch.held_blocks()} of {pieces}", None)
     else:
-        notify("download-started", f"{offer.transfer.size} bytes in {offer.transfer.block_count} blocks", 0.0)
+        notify("download-started", f"{offer.transfer.size} bytes in {pieces}", 0.0)
     path = fetch.run()
-    notify("downloaded", f"{fetch.bytes_received} bytes fetched, sha256 ok", 1.0)
+    notify("downloaded", f"{fetch.summary()}, sha256 ok", 1.0)
     return path
 
 
 def stage(ctx: InstallContext, offer: BundleOffer, bundle_file: Path) -> tuple[Path, Manifest]:
-    """Unpack and verify into `<id>.staging`, keeping the signed manifest beside the files."""
+    """Unpack into `<id>.staging` (only after the whole file matched its signed sha256), keeping the signed offer
+    and its signer's key beside the files. A full disk is transient: TransferError, retried later."""
     staging = ctx.store.staging_dir(offer.bundle_id)
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        manifest = unpack_bundle(bundle_file, staging, ctx.trusted)
+        manifest = unpack_pinned(bundle_file, staging, offer.manifest_json)
+    except DiskFullError as err:
+        raise TransferError(f"{err}; will retry when space returns") from err
     except BundleError as err:
         Path(bundle_file).unlink(missing_ok=True)
         raise Refused(f"bundle failed verification: {err}") from err
-    signed = SignedManifest(offer.manifest_json, offer.key_id, offer.signature)
-    if manifest.model_dump() != signed.verify(ctx.trusted).model_dump():
+    signer = ctx.trust.keys("bundle").public_keys()[offer.key_id]
+    try:
+        write_index(staging, bundle_file, offer.transfer)  # which chunks a later delta can take from these files
+        atomic_write(staging / MANIFEST_NAME, offer.manifest_json.encode())
+        atomic_write(staging / OFFER_NAME, offer.model_dump_json().encode())
+        atomic_write(staging / SIGNER_NAME, public_pem(signer).encode())
+    except OSError as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise Refused("the bundle's manifest differs from the offered manifest")
-    atomic_write(staging / MANIFEST_NAME, offer.manifest_json.encode())
-    atomic_write(staging / SIGNATURE_NAME, signed.signature_json().encode())
+        raise TransferError(f"cannot record the signed offer: {err}; will retry") from err
     return staging, manifest
 
 
@@ -180,27 +238,46 @@ def load_and_check(bundle_dir: Path, manifest: Manifest, runtime: RuntimeOptions
     return model
 
 
-def load_installed(store: Store, bundle_id: str, trusted: TrustedKeys, runtime: RuntimeOptions) -> LoadedModel:
-    """Re-verify an installed bundle (signature and file hashes) and load it; used at start-up."""
+def load_installed(store: Store, bundle_id: str, trust: DeviceTrust, runtime: RuntimeOptions) -> LoadedModel:
+    """Re-verify an installed bundle (its signed offer and every file hash) and load it; used at start-up and for
+    a local rollback. A bundle whose signer was revoked since is refused."""
     directory = store.bundle_dir(bundle_id)
     try:
-        signed = SignedManifest.from_dir(directory)
+        offer = BundleOffer.model_validate_json((directory / OFFER_NAME).read_bytes())
+        signer = (directory / SIGNER_NAME).read_text("ascii") if (directory / SIGNER_NAME).exists() else None
+        manifest_text = (directory / MANIFEST_NAME).read_text("utf-8")
+    except FileNotFoundError:
+        # Installed by an agent from before signed offers: the converter's manifest signature, current keys only.
+        try:
+            manifest = SignedManifest.from_dir(directory).verify(trust.keys("bundle"))
+        except OSError as err:
+            raise BundleError(f"installed bundle {bundle_id} has no readable signed offer or manifest") from err
     except (OSError, ValueError) as err:
-        raise BundleError(f"installed bundle {bundle_id} has no readable signed manifest") from err
-    manifest = signed.verify(trusted)
+        raise BundleError(f"installed bundle {bundle_id} has no readable signed offer") from err
+    else:
+        if trust.revoked(offer.key_id):
+            raise BundleError(f"installed bundle {bundle_id} was signed by {offer.key_id}, which is now revoked")
+        verify_offer(offer, trust.installed_keys(signer))
+        manifest = parse_manifest(offer.manifest_json)
+        if manifest_text != offer.manifest_json:
+            raise BundleError(f"installed bundle {bundle_id}'s manifest differs from its signed offer")
     verify_files(directory, manifest)
     return load_and_check(directory, manifest, runtime)
 
 
-def install(ctx: InstallContext, desired: Desired, versions: dict[str, str], notify: Notify) -> LoadedModel:
+def install(
+    ctx: InstallContext, desired: Desired, floor: dict[str, str], notify: Notify, *, shadow: bool = False
+) -> LoadedModel:
     """The whole pipeline up to (not including) commit. Raises Refused, TransferError or BrokerError."""
     offer = fetch_offer(ctx, desired.bundle_id)
-    manifest = check_offer(ctx, offer, desired, versions)
+    manifest = check_offer(ctx, offer, desired, floor, shadow=shadow)
     notify(
         "verified",
         f"signature by {offer.key_id} ok; {manifest.model_name} {manifest.model_version} for {manifest.profile}",
         None,
     )
+    ctx.runtime.prestart(manifest)  # the measuring worker starts while the bundle downloads
+    offer = resolve_index(ctx.conn, ctx.topics, offer, size_limit=ctx.size_limit_bytes, link=ctx.link)  # big list
     bundle_file = download(ctx, offer, notify)
     staging, manifest = stage(ctx, offer, bundle_file)
     try:
@@ -217,8 +294,39 @@ __all__ = [
     "InstallContext",
     "Refused",
     "TransferError",
+    "check_floor",
     "check_runnable",
     "fetch_offer",
     "install",
     "load_installed",
 ]
+
+
+def fetch_candidate(ctx: InstallContext, bundle_id: str, folder: Path) -> tuple[Path, Manifest]:
+    """A benchmark-only candidate (agent/benchmark.py), fetched and verified like any bundle (one signature over
+    manifest and layout, signed block hashes, the tar opened only after the whole file matched) into `folder`,
+    outside the store: it is measured and deleted, never installed."""
+    offer = fetch_offer(ctx, bundle_id)
+    try:
+        ctx.trust.consider(offer.keyset)
+        verify_offer(offer, ctx.trust.keys("bundle"))
+    except SignatureError as err:
+        raise Refused(f"offer rejected: {err}") from err
+    check_layout(offer.transfer, ctx.size_limit_bytes)
+    manifest = parse_manifest(offer.manifest_json)
+    if not manifest.benchmark_only:
+        raise Refused(f"{bundle_id} is not marked benchmark-only; only candidates are measured on request")
+    accepted = ctx.accepted_profiles or (ctx.profile,)
+    if manifest.profile not in accepted:
+        raise Refused(f"candidate {bundle_id} is built for {manifest.profile}; this device runs {', '.join(accepted)}")
+    offer = resolve_index(ctx.conn, ctx.topics, offer, size_limit=ctx.size_limit_bytes, link=ctx.link)
+    fetch = open_download(ctx.conn, ctx.topics, offer, folder / "candidate.bundle", bundles_dir=ctx.store.bundles,
+                          window=ctx.block_window, link=ctx.link)  # fmt: skip
+    downloaded = fetch.run()
+    try:
+        manifest = unpack_pinned(downloaded, folder / "bundle", offer.manifest_json)
+    except BundleError as err:
+        raise Refused(f"candidate {bundle_id} failed verification: {err}") from err
+    finally:
+        Path(downloaded).unlink(missing_ok=True)
+    return folder / "bundle", manifest

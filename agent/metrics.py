@@ -1,9 +1,10 @@
-"""Latency histograms with fixed buckets, counters and gauges, and their Prometheus text exposition.
+"""Latency histograms with fixed buckets, counters and gauges, exposed on the agent's /metrics page.
 
 A histogram keeps counts per fixed bucket (milliseconds), so memory is constant and p50/p95/p99 are
 estimated by interpolating inside the bucket that holds the rank (as Prometheus' histogram_quantile
 does), clamped to the smallest and largest value seen. Everything here is thread-safe.
-Exposition follows the Prometheus text format 0.0.4; latencies are exported in seconds (base units).
+The page (agent/metrics_export.py, agent/metrics_text.py) is the Prometheus text format, or OpenMetrics when the
+scraper asks for it, with the process metrics; latencies in seconds (base units).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,8 +21,6 @@ DEFAULT_BUCKETS_MS: tuple[float, ...] = (
     0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
     15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 )  # fmt: skip
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass(frozen=True)
@@ -86,15 +86,22 @@ class Histogram:
 
 
 class Counter:
-    """A monotonically increasing count per label values."""
+    """A monotonically increasing count per label values, with the time each series was created."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: dict[tuple[str, ...], float] = {}
+        self._created: dict[tuple[str, ...], float] = {}
 
     def inc(self, *labels: str, amount: float = 1.0) -> None:
         with self._lock:
+            if labels not in self._values:
+                self._created[labels] = time.time()
             self._values[labels] = self._values.get(labels, 0.0) + amount
+
+    def created(self, labels: tuple[str, ...]) -> float | None:
+        with self._lock:
+            return self._created.get(labels)
 
     def items(self) -> list[tuple[tuple[str, ...], float]]:
         with self._lock:
@@ -105,69 +112,25 @@ class Counter:
             return sum(self._values.values())
 
 
-def escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    return repr(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(float(value))
-
-
-class Exposition:
-    """Builds one Prometheus text page: HELP and TYPE once per family, then its samples."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self._lines.append(f"# HELP {name} {help_text.replace(chr(92), chr(92) * 2).replace(chr(10), ' ')}")
-        self._lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, value: float, names: Sequence[str] = (), values: Sequence[str] = ()) -> None:
-        self._lines.append(f"{name}{_labels(names, values)} {_number(value)}")
-
-    def histogram_seconds(
-        self, name: str, snap: HistogramSnapshot, names: Sequence[str] = (), values: Sequence[str] = ()
-    ) -> None:
-        cumulative = 0
-        for bound, count in zip((*snap.bounds_ms, math.inf), snap.counts, strict=True):
-            cumulative += count
-            le = "+Inf" if math.isinf(bound) else repr(bound / 1000)
-            labels = _labels(names, values, 'le="' + le + '"')
-            self._lines.append(f"{name}_bucket{labels} {cumulative}")
-        self._lines.append(f"{name}_sum{_labels(names, values)} {_number(snap.sum_ms / 1000)}")
-        self._lines.append(f"{name}_count{_labels(names, values)} {snap.count}")
-
-    def text(self) -> str:
-        return "\n".join(self._lines) + "\n"
-
-
 ERROR_KINDS = ("bad-request", "not-found", "too-large", "overloaded", "runtime", "timeout")
 
 
 class ServiceMetrics:
-    """What the inference service counts: latency per (model, provider), requests by status, errors by kind."""
+    """What the inference service counts: latency per (model, provider), requests by status, refusals and
+    failures by kind, model-run failures per model (the only count health sees), connections."""
 
     def __init__(self, bounds_ms: Sequence[float] = DEFAULT_BUCKETS_MS) -> None:
         self._bounds = tuple(bounds_ms)
         self._lock = threading.Lock()
         self._latency: dict[tuple[str, str, str], Histogram] = {}  # (model, bundle, provider)
         self.requests = Counter()  # (model, code)
-        self.errors = Counter()  # (kind,)
+        self.errors = Counter()  # (kind,): every answer but 200, refusals and runtime failures
+        self.failures = Counter()  # (model,): the model's own run failed on valid input
         self.swaps = Counter()  # (model,)
+        self.closed = Counter()  # (reason,): connections closed by the server
         self.queue_depth: Callable[[], int] = lambda: 0
         self.in_flight: Callable[[], int] = lambda: 0
+        self.open_connections: Callable[[], int] = lambda: 0
         self.models: Callable[[], Iterable[tuple[str, str, str]]] = lambda: ()  # (model, bundle, provider)
         self.field_accuracy: Callable[[], Iterable[tuple[str, float, int]]] = lambda: ()  # (model, acc, n)
 
@@ -179,11 +142,18 @@ class ServiceMetrics:
                 histogram = self._latency.setdefault(key, Histogram(self._bounds))
         return histogram
 
+    def latencies(self) -> list[tuple[tuple[str, str, str], Histogram]]:
+        with self._lock:
+            return sorted(self._latency.items())
+
     def observe(self, model: str, bundle_id: str, provider: str, ms: float) -> None:
         self.latency(model, bundle_id, provider).observe(ms)
 
     def error(self, kind: str) -> None:
         self.errors.inc(kind)
+
+    def failure(self, model: str) -> None:
+        self.failures.inc(model)
 
     def snapshot(self, model: str | None = None) -> HistogramSnapshot:
         """All latencies (of one model, or of every model) merged into one snapshot."""
@@ -202,51 +172,5 @@ class ServiceMetrics:
             tuple(float(b) for b in self._bounds), tuple(counts), total, sum_ms, low if total else 0.0, high
         )
 
-    def exposition(self) -> str:
-        page = Exposition()
-        page.family("edgefleet_inference_latency_seconds", "histogram", "Inference latency inside the service.")
-        with self._lock:
-            latency = sorted(self._latency.items())
-        for (model, bundle, provider), histogram in latency:
-            page.histogram_seconds(
-                "edgefleet_inference_latency_seconds",
-                histogram.snapshot(),
-                ("model", "bundle_id", "provider"),
-                (model, bundle, provider),
-            )
-        page.family("edgefleet_requests_total", "counter", "HTTP inference requests by model and status code.")
-        for (model, code), value in self.requests.items():
-            page.sample("edgefleet_requests_total", value, ("model", "code"), (model, code))
-        page.family("edgefleet_errors_total", "counter", "Refused or failed requests by kind.")
-        seen = dict(self.errors.items())
-        for kind in sorted(set(ERROR_KINDS) | {k[0] for k in seen}):
-            page.sample("edgefleet_errors_total", seen.get((kind,), 0.0), ("kind",), (kind,))
-        page.family("edgefleet_model_swaps_total", "counter", "Hot swaps of a served model.")
-        for (model,), value in self.swaps.items():
-            page.sample("edgefleet_model_swaps_total", value, ("model",), (model,))
-        page.family("edgefleet_queue_depth", "gauge", "Requests admitted and waiting for an inference slot.")
-        page.sample("edgefleet_queue_depth", self.queue_depth())
-        page.family("edgefleet_in_flight", "gauge", "Requests running inference now.")
-        page.sample("edgefleet_in_flight", self.in_flight())
-        page.family("edgefleet_model_info", "gauge", "Models served, with their bundle and provider.")
-        for model, bundle, provider in self.models():
-            page.sample("edgefleet_model_info", 1, ("model", "bundle_id", "provider"), (model, bundle, provider))
-        field = list(self.field_accuracy())
-        page.family("edgefleet_field_accuracy", "gauge", "Share of correct answers among those given feedback.")
-        for model, accuracy, _ in field:
-            page.sample("edgefleet_field_accuracy", accuracy, ("model",), (model,))
-        page.family("edgefleet_field_feedback", "gauge", "Feedbacks the field accuracy is computed over.")
-        for model, _, samples in field:
-            page.sample("edgefleet_field_feedback", samples, ("model",), (model,))
-        return page.text()
 
-
-__all__ = [
-    "CONTENT_TYPE",
-    "DEFAULT_BUCKETS_MS",
-    "Counter",
-    "Exposition",
-    "Histogram",
-    "HistogramSnapshot",
-    "ServiceMetrics",
-]
+__all__ = ["DEFAULT_BUCKETS_MS", "ERROR_KINDS", "Counter", "Histogram", "HistogramSnapshot", "ServiceMetrics"]

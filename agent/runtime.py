@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.agent import custom_ops
+from edgefleet.agent import custom_ops, selection_prestart
 from edgefleet.agent.backends import Session
 from edgefleet.agent.selection import NoProviderError, Policy, ProviderChoice, select
 from edgefleet.core.errors import BundleError, DataError
@@ -116,7 +116,7 @@ class LoadedModel:
         except Exception as err:  # a runtime failure on golden inputs is a failed check, not a crash
             result = GoldenResult(0.0, float("inf"), False, f"inference failed on the golden set: {err}")
         else:
-            result = compare(outputs, self.golden, self.manifest.golden)
+            result = compare(outputs, self.golden, self.manifest.golden, self.manifest.search)
         self.last_golden = result
         return result
 
@@ -150,3 +150,7 @@ class RuntimeOptions:
 
     def load(self, bundle_dir: Path, manifest: Manifest) -> LoadedModel:
         return LoadedModel(bundle_dir, manifest, self.threads, cache_dir=self.cache_dir, policy=self.policy)
+
+    def prestart(self, manifest: Manifest) -> bool:
+        """Start the measuring worker `load` will need for this bundle (if any) now, e.g. before its download."""
+        return selection_prestart.prestart(manifest, self.threads, self.policy, self.cache_dir)

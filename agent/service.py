@@ -1,37 +1,31 @@
 """The local inference API for applications on the device: HTTP on 127.0.0.1 or on a Unix socket.
 
-    POST /v1/models/{name}/infer   JSON {"inputs": {input: {"dtype", "shape", "data"}}}, or a .npz body
-                                   (application/x-npz, one array per input), or a .npy body
-                                   (application/x-npy, single-input models). The answer has the request's
-                                   format unless `Accept` asks for another (application/json, x-npz, x-npy).
-    GET  /v1/models                what is served: name, version, bundle, provider and why, signature
-    GET  /v1/models/{name}         one of them
-    GET  /healthz                  liveness, with the models served
-    GET  /metrics                  Prometheus text (agent/metrics.py)
+The Open Inference Protocol v2 (KServe, Triton) is the primary API (agent/routes_v2.py); the older /v1
+API stays for applications written against it (agent/routes.py). This module holds what both share:
+the models served, admission, the model run and its accounting, feedback.
 
-Bad input gets a JSON error {"error": {"kind", "message"}}: 400 for names, dtypes and shapes (symbolic
-dimensions accept any size), 404 for an unknown model, 411 without Content-Length, 413 above the body
-limit, 415 for another content type, 503 when the bounded queue is full. Each is counted by kind.
+Admission: a request for a model is admitted (or refused with 404 or 503) from its head alone, before its
+body is read. At most `concurrency` requests run inference at once and at most `queue_size` more wait; the
+rest are refused with 503 at once. Connections are served by one I/O thread and a fixed pool of workers
+(agent/http_server.py), with deadlines for the head, the body and the answer.
 
-Concurrency: every connection has a thread (keep-alive); at most `concurrency` requests run inference at
-once, at most `queue_size` more wait, and the rest are refused with 503 at once. `swap(model)` replaces
-a model atomically: requests already holding the old model finish on it; `wait_idle(old)` says when the
-old one is no longer used. Nothing is unpickled: .npz and .npy bodies are read with allow_pickle=False.
-Dynamic batching is not done: requests run one by one on the runtime's own threads.
+Accounting: every answer but 200 is counted by kind. Refusals (bad input, unknown model, too large, full)
+are the caller's fault: they never reach the model's health. Only a failure of the model's own run on
+input that passed every check is a model failure: it calls `on_failure`, which health and telemetry read.
+
+`swap(model)` replaces a model atomically: requests already holding the old model finish on it;
+`wait_idle(old)` says when the old one is no longer used. Nothing is unpickled.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
-import json
 import logging
 import os
-import socket
-import socketserver
 import stat
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,22 +33,14 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgefleet.agent.feedback import FeedbackError, FieldAccuracy
-from edgefleet.agent.http_server import RequestHandler, TCPServer, TCPServer6, UnixServer
+from edgefleet.agent.api_errors import RequestError
+from edgefleet.agent.body_guard import load_json
+from edgefleet.agent.feedback import FeedbackError, FieldAccuracy, parse_labels
+from edgefleet.agent.http_protocol import ServerLimits, listen_tcp, listen_unix
+from edgefleet.agent.http_server import HttpServer
 from edgefleet.agent.metrics import ServiceMetrics
-from edgefleet.agent.wire import (
-    JSON,
-    NPY,
-    NPZ,
-    Decoded,
-    RequestError,
-    answer_format,
-    decode_body,
-    encode_outputs,
-    load_npy,
-    save_npy,
-    tensor_json,
-)
+from edgefleet.agent.metrics_export import MetricsPage
+from edgefleet.agent.routes import Routes
 from edgefleet.core.errors import DataError
 from edgefleet.core.manifest import Manifest
 
@@ -84,10 +70,16 @@ class ServiceConfig(BaseModel):
     unix_socket: Path | None = Field(default=None, description="serve on this Unix socket instead of TCP")
     socket_mode: int = Field(default=0o660, description="permissions of the Unix socket")
     max_body_bytes: int = Field(default=8 * 2**20, ge=1024, description="larger requests get 413")
+    max_decoded_bytes: int = Field(default=64 * 2**20, ge=1024, description="most bytes one input decodes to")
     concurrency: int = Field(default=2, ge=1, description="requests running inference at once")
     queue_size: int = Field(default=64, ge=0, description="requests waiting for a slot; beyond that 503")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for a slot before 503")
     keep_alive_s: float = Field(default=30.0, gt=0, description="idle keep-alive connections close after this")
+    max_connections: int = Field(default=512, ge=4, description="open connections; the oldest idle one makes room")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="a request head must arrive within this")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="an admitted body must arrive within this")
+    send_timeout_s: float = Field(default=10.0, gt=0, description="an answer must be taken within this")
+    workers: int = Field(default=0, ge=0, description="worker threads; 0: concurrency + 2")
 
 
 def _is_loopback(host: str) -> bool:
@@ -97,6 +89,31 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+QUICK_MS = 1.0  # a model whose last run took less may be answered on the server's I/O thread (Ticket.quick)
+
+
+class Ticket:
+    """An admitted inference request: holds its place in the queue and the model it will run on."""
+
+    def __init__(self, service: InferenceService, model: ServedModel) -> None:
+        self.service, self.model, self.admitted = service, model, time.monotonic()
+        self._released = False
+        self.slot = False  # an inference slot taken for it by `quick`, not yet handed to `run`
+
+    def quick(self) -> bool:
+        """Whether the request may run on the server's I/O thread: nothing else is admitted, its model's last run
+        took under QUICK_MS, and an inference slot is free now (taken for it, so that `run` never waits)."""
+        return self.service._quick(self)
+
+    def release(self) -> None:
+        if self.slot:  # reserved by `quick`, never run (the body was refused)
+            self.slot = False
+            self.service._slots.release()
+        if not self._released:
+            self._released = True
+            self.service._leave(self.model)
 
 
 class InferenceService:
@@ -110,7 +127,7 @@ class InferenceService:
         on_answer: Callable[[float], None] | None = None,
         on_failure: Callable[[], None] | None = None,
     ) -> None:
-        """`on_answer(latency_ms)` / `on_failure()` let the agent count HTTP requests in its telemetry and health."""
+        """`on_answer(latency_ms)` / `on_failure()`: a request answered / the model's own run failed."""
         self.config = config or ServiceConfig()
         self._on_answer, self._on_failure = on_answer, on_failure
         if self.config.unix_socket is None and not _is_loopback(self.config.host):
@@ -118,22 +135,21 @@ class InferenceService:
                 f"the inference API binds loopback only (it has no authentication), not {self.config.host}"
             )
         self.field = FieldAccuracy()
+        self._client_ids: OrderedDict[tuple[str, str], str] = OrderedDict()  # (model, OIP id) -> field id
         self.metrics = metrics or ServiceMetrics()
-        self._models: dict[str, ServedModel] = {}
+        self._page: MetricsPage | None = None
+        self._models: dict[str, ServedModel] = {m.manifest.model_name: m for m in models}
         self._models_lock = threading.Lock()
-        for model in models:
-            self._models[model.manifest.model_name] = model
         self._slots = threading.BoundedSemaphore(self.config.concurrency)
         self._count_lock = threading.Condition()
         self._pending = 0  # admitted: waiting or running
+        self._last_ms: dict[int, float] = {}  # id(model) -> its last run's latency (Ticket.quick)
         self._running = 0
         self._using: dict[int, int] = {}  # id(model) -> requests using it
-        self._server: socketserver.BaseServer | None = None
-        self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
+        self._server: HttpServer | None = None
         self.metrics.queue_depth = lambda: max(0, self._pending - self._running)
         self.metrics.in_flight = lambda: self._running
+        self.metrics.open_connections = lambda: self._server.open_connections() if self._server else 0
         self.metrics.models = lambda: [(n, m.bundle_id, m.provider) for n, m in sorted(self._models.items())]
         self.metrics.field_accuracy = lambda: [
             (n, score.accuracy, score.samples)
@@ -141,15 +157,19 @@ class InferenceService:
             if (score := self.field.score(n)).accuracy is not None
         ]
 
+    def render_metrics(self, accept: str = "") -> tuple[bytes, str]:
+        """The /metrics page (agent/metrics_export.py, imported with this module: about 20 KiB; imported at the first
+        scrape instead, on a worker thread, it cost that thread's malloc arena about 0.5 MB for good)."""
+        if self._page is None:
+            self._page = MetricsPage(self.metrics)
+        return self._page.render(accept)
+
     # --- models
     def models(self) -> dict[str, ServedModel]:
         return dict(self._models)
 
     def swap(self, model: ServedModel, replaces: str | None = None) -> ServedModel | None:
-        """Serve `model` under its name from now on (and stop serving `replaces`); returns the model it replaced.
-
-        Requests that already hold the old model finish on it; new ones get `model`. None are dropped.
-        """
+        """Serve `model` under its name from now on (and stop serving `replaces`); returns the model it replaced."""
         name = model.manifest.model_name
         with self._models_lock:
             models = dict(self._models)
@@ -191,23 +211,25 @@ class InferenceService:
     def port(self) -> int:
         if self._server is None or self.config.unix_socket is not None:
             return self.config.port
-        return int(self._server.server_address[1])  # type: ignore[index]
+        return int(self._server.listener.getsockname()[1])
 
     def start(self) -> InferenceService:
-        handler = type("Connection", (RequestHandler,), {"service": self, "timeout": self.config.keep_alive_s})
-        if self.config.unix_socket is not None:
-            path = self.config.unix_socket
+        config = self.config
+        if config.unix_socket is not None:
+            path = config.unix_socket
             if path.exists() and stat.S_ISSOCK(path.stat().st_mode):
                 path.unlink()  # left by an earlier agent; binding would fail
-            self._server = UnixServer(str(path), handler)
-            os.chmod(path, self.config.socket_mode)
+            listener = listen_unix(str(path))
+            os.chmod(path, config.socket_mode)
         else:
-            server_class = TCPServer6 if ":" in self.config.host else TCPServer
-            self._server = server_class((self.config.host, self.config.port), handler)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), name="inference-api", daemon=True
-        )
-        self._thread.start()
+            listener = listen_tcp(config.host, config.port)
+        limits = ServerLimits(
+            max_connections=config.max_connections, max_body_bytes=config.max_body_bytes,
+            header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s,
+            send_timeout_s=config.send_timeout_s, keep_alive_s=config.keep_alive_s,
+            workers=config.workers or config.concurrency + 2,
+        )  # fmt: skip
+        self._server = HttpServer(listener, Routes(self), limits, on_close=self.metrics.closed.inc).start()
         log.info("inference API on %s", self.address)
         return self
 
@@ -215,17 +237,11 @@ class InferenceService:
         """Stop accepting, let running requests finish (up to `grace_s`), then close every connection."""
         if self._server is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
         with self._count_lock:
             deadline = time.monotonic() + grace_s
             while self._pending and time.monotonic() < deadline:
                 self._count_lock.wait(0.05)
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
+        self._server.stop()
         if self.config.unix_socket is not None:
             self.config.unix_socket.unlink(missing_ok=True)
         self._server = None
@@ -236,81 +252,105 @@ class InferenceService:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # --- requests
-    def infer(self, name: str, body: bytes, content_type: str, accept: str) -> tuple[bytes, str, dict[str, str]]:
-        """One inference request → (body, content type, extra headers). Raises RequestError."""
+    # --- admission and the model run
+    def admit(self, name: str, version: str | None = None) -> Ticket:
+        """Take a place for a request to `name` before its body is read; 404 or 503 when there is none."""
         model = self._models.get(name)
         if model is None:
             served = ", ".join(sorted(self._models)) or "none"
             raise RequestError(404, "not-found", f"no model named {name!r} is served here (serving: {served})")
+        if version is not None and version != model.manifest.model_version:
+            raise RequestError(404, "not-found", f"model {name!r} has no version {version!r} here "
+                               f"(serving version {model.manifest.model_version!r})")  # fmt: skip
         with self._count_lock:
             if self._pending >= self.config.concurrency + self.config.queue_size:
                 raise RequestError(503, "overloaded", f"queue full ({self.config.queue_size} waiting); retry later")
             self._pending += 1
             self._using[id(model)] = self._using.get(id(model), 0) + 1
-        try:
-            decoded = decode_body(body, content_type, model.manifest)
-            if not self._slots.acquire(timeout=self.config.queue_timeout_s):
+        return Ticket(self, model)
+
+    def _quick(self, ticket: Ticket) -> bool:
+        if self._last_ms.get(id(ticket.model), QUICK_MS) >= QUICK_MS or self._pending != 1:
+            return False
+        if not self._slots.acquire(blocking=False):
+            return False
+        ticket.slot = True
+        return True
+
+    def _leave(self, model: ServedModel) -> None:
+        with self._count_lock:
+            self._pending -= 1
+            left = self._using[id(model)] - 1
+            if left:
+                self._using[id(model)] = left
+            else:
+                del self._using[id(model)]
+            self._count_lock.notify_all()
+
+    def run(self, ticket: Ticket, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        """Run the admitted request's model: (outputs, latency ms). Input the model refuses is a 400; only an
+        exception from the run itself is a model failure (a 500, counted against the model's health)."""
+        model = ticket.model
+        if ticket.slot:  # taken by Ticket.quick: this run owns it now
+            ticket.slot = False
+        else:
+            wait = self.config.queue_timeout_s - (time.monotonic() - ticket.admitted)
+            if wait <= 0 or not self._slots.acquire(timeout=wait):
                 raise RequestError(503, "timeout", f"no inference slot within {self.config.queue_timeout_s:g} s")
-            with self._count_lock:
-                self._running += 1
-            try:
-                start = time.perf_counter()
-                outputs = model.run(decoded.feeds)
-                latency_ms = (time.perf_counter() - start) * 1000
-            finally:
-                with self._count_lock:
-                    self._running -= 1
-                self._slots.release()
+        with self._count_lock:
+            self._running += 1
+        try:
+            start = time.perf_counter()
+            outputs = model.run(feeds)
+            latency_ms = (time.perf_counter() - start) * 1000
         except DataError as err:
             raise RequestError(400, "bad-request", str(err)) from err
-        except RequestError:
-            raise
-        except Exception as err:  # a runtime failure answers this request; the service stays up
+        except Exception as err:  # the model's own failure: answers this request, counts against its health
             log.exception("inference failed on %s", model.bundle_id)
+            self.metrics.failure(model.manifest.model_name)
             if self._on_failure is not None:
                 self._on_failure()
             raise RequestError(500, "runtime", f"inference failed: {type(err).__name__}: {err}") from err
         finally:
             with self._count_lock:
-                self._pending -= 1
-                left = self._using[id(model)] - 1
-                if left:
-                    self._using[id(model)] = left
-                else:
-                    del self._using[id(model)]
-                self._count_lock.notify_all()
-        self.metrics.observe(name, model.bundle_id, model.provider, latency_ms)
+                self._running -= 1
+            self._slots.release()
+        self._last_ms[id(model)] = latency_ms
+        self.metrics.observe(model.manifest.model_name, model.bundle_id, model.provider, latency_ms)
         if self._on_answer is not None:
             self._on_answer(latency_ms)
-        request_id = self.field.remember(name, outputs)
-        headers = {"X-Model": name, "X-Bundle-Id": model.bundle_id, "X-Provider": model.provider,
-                   "X-Latency-Ms": f"{latency_ms:.4f}", "X-Request-Id": request_id}  # fmt: skip
-        answer = answer_format(accept, decoded.format, len(outputs))
-        if answer == JSON:
-            document = {
-                "request_id": request_id,
-                "model": name,
-                "model_version": model.manifest.model_version,
-                "bundle_id": model.bundle_id,
-                "provider": model.provider,
-                "latency_ms": round(latency_ms, 4),
-                "outputs": {k: tensor_json(v) for k, v in outputs.items()},
-            }
-            return json.dumps(document).encode(), JSON, headers
-        return encode_outputs(outputs, answer), answer, headers
+        return outputs, latency_ms
+
+    def remember(
+        self, ticket: Ticket, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray], client_id: str | None = None
+    ) -> str:
+        """The request id an application quotes in its feedback (an OIP `id` maps to it too); the inputs and
+        outputs go to the field-accuracy observers (drift)."""
+        model = ticket.model
+        name = model.manifest.model_name
+        request_id = self.field.remember(name, outputs, bundle_id=model.bundle_id, inputs=feeds)
+        if client_id:
+            with self._models_lock:
+                self._client_ids[(name, client_id)] = request_id
+                while len(self._client_ids) > 10_000:
+                    self._client_ids.popitem(last=False)
+        return request_id
 
     def feedback(self, name: str, body: bytes) -> dict[str, Any]:
-        """POST /v1/models/{name}/feedback {"request_id": ..., "label": N}: the true class of an earlier answer."""
+        """{"request_id" (or the OIP "id"): ..., "label": N}: the true class of an earlier answer."""
+        document = load_json(body)
+        quoted = document.get("request_id", document.get("id")) if isinstance(document, dict) else None
+        label = document.get("label") if isinstance(document, dict) else None
+        if not isinstance(quoted, str) or label is None:
+            raise RequestError(400, "bad-request", 'feedback must be JSON {"request_id": "...", "label": N}')
         try:
-            document = json.loads(body)
-            request_id, label = str(document["request_id"]), document["label"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise RequestError(400, "bad-request", 'feedback must be JSON {"request_id": "...", "label": N}') from err
-        if isinstance(label, bool) or not isinstance(label, int):
-            raise RequestError(400, "bad-request", f"label must be an integer class index, not {label!r}")
+            labels = parse_labels(label)  # one class index, or one per sample of the request
+        except FeedbackError as err:
+            raise RequestError(400, "bad-request", str(err)) from err
+        with self._models_lock:
+            request_id = self._client_ids.pop((name, quoted), quoted)
         try:
-            correct = self.field.feedback(name, request_id, label)
+            correct = self.field.feedback(name, request_id, labels)
         except FeedbackError as err:
             raise RequestError(404, "not-found", str(err)) from err
         score = self.field.score(name)
@@ -331,23 +371,12 @@ class InferenceService:
             "provider_summary": getattr(choice, "summary", None),
             "providers_not_chosen": getattr(choice, "reasons", {}),
             "load_ms": getattr(model, "load_ms", None),
-            "golden": None if golden is None else {"passed": golden.passed, "reason": golden.reason},
+            "golden": None
+            if golden is None
+            else {"passed": golden.passed, "rule": golden.rule, "reason": golden.reason},
             "inputs": [spec.model_dump() for spec in manifest.inputs],
             "outputs": [spec.model_dump() for spec in manifest.outputs],
         }
 
 
-__all__ = [
-    "JSON",
-    "NPY",
-    "NPZ",
-    "Decoded",
-    "InferenceService",
-    "RequestError",
-    "ServedModel",
-    "ServiceConfig",
-    "decode_body",
-    "encode_outputs",
-    "load_npy",
-    "save_npy",
-]
+__all__ = ["InferenceService", "RequestError", "ServedModel", "ServiceConfig", "Ticket"]

@@ -84,9 +84,13 @@ class Spool:
         """A per-device counter that survives restarts: lets the host prove nothing was lost."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
-            self._bump("sequence", 1)
-            (value,) = self._db.execute("SELECT value FROM counters WHERE name = 'sequence'").fetchone()
-            self._db.execute("COMMIT")
+            try:
+                self._bump("sequence", 1)
+                (value,) = self._db.execute("SELECT value FROM counters WHERE name = 'sequence'").fetchone()
+                self._db.execute("COMMIT")
+            except BaseException:  # e.g. a full disk: leave no transaction open, or every later call fails
+                self._db.execute("ROLLBACK")
+                raise
         return int(value)
 
     def _bump(self, name: str, by: int) -> None:

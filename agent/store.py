@@ -5,20 +5,29 @@ Layout under STATE_DIR:
   bundles/<bundle_id>.staging/  a bundle being installed; removed on failure or at start-up
   downloads/<bundle_id>.part    a bundle file being fetched (resumable: see transfer.py)
   current -> bundles/<id>       the committed bundle; switched with an atomic rename
-  state.json                    committed id, history, the highest version seen per model
+  state.json                    committed id, history, the version floor per model, refusals
+  floor.json                    second copy of the version floor (written first, fsync'd)
+  trust/                        the adopted key set, desired-state counters (agent/trust.py, desired_state.py)
 
 Every switch is write-temp, fsync, rename, fsync-directory, so `kill -9` at any point leaves either
-the old or the new bundle committed, never neither.
+the old or the new bundle committed, never neither. Every write goes through this class under one lock
+(the install worker and the health thread both change state). The floor (highest version ever committed
+per model) only rises: it is the max of both copies, so losing or corrupting state.json never lowers it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from edgefleet.core.manifest import parse_version
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +37,9 @@ class AgentState(BaseModel):
     schema_version: int = 1
     committed: str | None = None
     history: list[str] = Field(default_factory=list, description="previously committed ids, newest first")
-    versions: dict[str, str] = Field(default_factory=dict, description="model name -> highest version installed")
+    versions: dict[str, str] = Field(
+        default_factory=dict, description="model name -> version floor: the highest version ever committed"
+    )
     refused: list[str] = Field(
         default_factory=list, description="'bundle@issued_at' this device gave up on; a new deploy retries"
     )
@@ -52,6 +63,27 @@ def atomic_write(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def raise_floor(floor: dict[str, str], model_name: str, version: str) -> dict[str, str]:
+    merged = dict(floor)
+    if model_name not in merged or parse_version(version) > parse_version(merged[model_name]):
+        merged[model_name] = version
+    return merged
+
+
+def merge_floors(*floors: dict[str, str]) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for floor in floors:
+        for model_name, version in floor.items():
+            try:
+                merged = raise_floor(merged, model_name, version)
+            except ValueError:
+                log.error("ignoring an unparsable floor version %r for %s", version, model_name)
+    return merged
+
+
+ABANDONED_DOWNLOAD_S = 3 * 86400.0
+
+
 class Store:
     def __init__(self, root: Path, keep_previous: int = 2) -> None:
         self.root = root
@@ -61,20 +93,60 @@ class Store:
         for path in (self.root, self.bundles, self.downloads):
             path.mkdir(parents=True, exist_ok=True)
         self._state_path = root / "state.json"
+        self._floor_path = root / "floor.json"
+        self._lock = threading.RLock()
 
     # --- state
     def load_state(self) -> AgentState:
-        if not self._state_path.exists():
-            return AgentState()
-        try:
-            return AgentState.model_validate_json(self._state_path.read_bytes())
-        except ValueError as err:
-            # state.json is only ever replaced atomically, so this means outside damage: start clean.
-            log.error("state.json is unreadable (%s); starting without a committed bundle", err)
-            return AgentState()
+        """state.json with its floor merged with the second copy (floor.json): the floor never reads lower."""
+        with self._lock:
+            state = AgentState()
+            if self._state_path.exists():
+                try:
+                    state = AgentState.model_validate_json(self._state_path.read_bytes())
+                except ValueError as err:
+                    # state.json is only ever replaced atomically, so this means outside damage: start clean,
+                    # but keep the floor from its second copy.
+                    log.error("state.json is unreadable (%s); starting without a committed bundle", err)
+            floor = merge_floors(state.versions, self._read_floor_copy())
+            return state.model_copy(update={"versions": floor})
 
     def save_state(self, state: AgentState) -> None:
-        atomic_write(self._state_path, state.model_dump_json(indent=2).encode())
+        with self._lock:
+            floor = merge_floors(self._read_floor_copy(), state.versions)
+            if floor != self._read_floor_copy():
+                atomic_write(self._floor_path, json.dumps(floor, indent=2).encode())
+            state = state.model_copy(update={"versions": merge_floors(floor, state.versions)})
+            atomic_write(self._state_path, state.model_dump_json(indent=2).encode())
+
+    def floor(self) -> dict[str, str]:
+        return self.load_state().versions
+
+    def _read_floor_copy(self) -> dict[str, str]:
+        try:
+            data = json.loads(self._floor_path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except ValueError as err:
+            log.error("floor.json is unreadable (%s); using the floor in state.json", err)
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): str(v) for k, v in data.items()}
+
+    # --- small documents other parts of the agent keep (trust/keyset.json, trust/counters.json)
+    def read_blob(self, rel: str) -> bytes | None:
+        with self._lock:
+            try:
+                return (self.root / rel).read_bytes()
+            except FileNotFoundError:
+                return None
+
+    def write_blob(self, rel: str, data: bytes) -> None:
+        with self._lock:
+            path = self.root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, data)
 
     # --- paths
     def bundle_dir(self, bundle_id: str) -> Path:
@@ -87,44 +159,66 @@ class Store:
         return self.downloads / f"{bundle_id}.part"
 
     # --- transitions
-    def clean_incomplete(self) -> list[str]:
-        """Remove staging directories left by a crash; downloads stay so they can resume."""
-        removed = []
-        for path in self.bundles.glob("*.staging"):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path.name)
-        for tmp in self.root.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
-        return removed
+    def clean_incomplete(self, *, abandoned_after_s: float = ABANDONED_DOWNLOAD_S) -> list[str]:
+        """Remove staging directories left by a crash, temp files, and downloads untouched for
+        `abandoned_after_s` (a recent one stays so it can resume)."""
+        with self._lock:
+            removed = []
+            for path in self.bundles.glob("*.staging"):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+            for tmp in [*self.root.glob(".*.tmp"), *self.root.glob("trust/.*.tmp")]:
+                tmp.unlink(missing_ok=True)
+            cutoff = time.time() - abandoned_after_s
+            for part in list(self.downloads.iterdir()):
+                if part.stat().st_mtime < cutoff:
+                    part.unlink(missing_ok=True)
+                    removed.append(f"downloads/{part.name}")
+            return removed
 
-    def commit(self, bundle_id: str, model_name: str, model_version: str) -> AgentState:
-        """Promote a staged bundle to committed: rename, switch `current`, record state, prune."""
-        staging, final = self.staging_dir(bundle_id), self.bundle_dir(bundle_id)
-        if staging.exists():
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(staging, final)
-            fsync_dir(self.bundles)
-        link_tmp = self.root / ".current.tmp"
-        link_tmp.unlink(missing_ok=True)
-        os.symlink(Path("bundles") / bundle_id, link_tmp)
-        os.replace(link_tmp, self.root / "current")
-        fsync_dir(self.root)
-        state = self.load_state()
-        history = [b for b in ([state.committed] if state.committed else []) + state.history if b != bundle_id]
-        versions = dict(state.versions)
-        versions[model_name] = model_version
-        state = AgentState(
-            committed=bundle_id, history=history[: self.keep_previous], versions=versions, refused=state.refused
-        )
-        self.save_state(state)
-        self._prune(state)
-        return state
+    def prune_downloads(self, keep: str | None) -> list[str]:
+        """Delete every partial download (.part, .blocks, .meta) except those of bundle `keep`: only one
+        download is ever in progress, so anything else was abandoned."""
+        with self._lock:
+            removed = []
+            for part in list(self.downloads.iterdir()):
+                if keep is None or part.name.split(".part")[0] != keep:
+                    part.unlink(missing_ok=True)
+                    removed.append(part.name)
+            return removed
+
+    def commit(self, bundle_id: str, model_name: str, model_version: str, *, raise_floor: bool = True) -> AgentState:
+        """Promote a staged bundle to committed: rename, switch `current`, record state, prune. An install raises
+        the model's floor; a local rollback or start-up fallback (`raise_floor=False`) leaves it where it is."""
+        with self._lock:
+            staging, final = self.staging_dir(bundle_id), self.bundle_dir(bundle_id)
+            if staging.exists():
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(staging, final)
+                fsync_dir(self.bundles)
+            link_tmp = self.root / ".current.tmp"
+            link_tmp.unlink(missing_ok=True)
+            os.symlink(Path("bundles") / bundle_id, link_tmp)
+            os.replace(link_tmp, self.root / "current")
+            fsync_dir(self.root)
+            state = self.load_state()
+            history = [b for b in ([state.committed] if state.committed else []) + state.history if b != bundle_id]
+            versions = dict(state.versions)
+            if raise_floor:
+                versions = merge_floors(versions, {model_name: model_version})
+            state = AgentState(
+                committed=bundle_id, history=history[: self.keep_previous], versions=versions, refused=state.refused
+            )
+            self.save_state(state)
+            self._prune(state)
+            return self.load_state()
 
     def remember_refusal(self, key: str, keep: int = 100) -> None:
-        state = self.load_state()
-        if key not in state.refused:
-            self.save_state(state.model_copy(update={"refused": [*state.refused, key][-keep:]}))
+        with self._lock:
+            state = self.load_state()
+            if key not in state.refused:
+                self.save_state(state.model_copy(update={"refused": [*state.refused, key][-keep:]}))
 
     def _prune(self, state: AgentState) -> None:
         keep = {state.committed, *state.history}

@@ -20,7 +20,10 @@ class RequestStats:
         self._latencies: deque[float] = deque(maxlen=window)
         self._outcomes: deque[bool] = deque(maxlen=window)  # True: answered, False: runtime failure
         self._requests = 0
-        self._errors = 0
+        self._errors = 0  # the model's own failures: what telemetry's `errors` and the rollout judge count
+        self._refused = 0  # the caller's fault: never an error of the model
+        self._probes = 0
+        self._live: deque[float] = deque(maxlen=1024)  # arrival times of the latest live requests
         self._since = time.monotonic()
 
     def record(self, latency_ms: float) -> None:
@@ -28,11 +31,31 @@ class RequestStats:
             self._latencies.append(latency_ms)
             self._requests += 1
             self._outcomes.append(True)
+            self._live.append(time.monotonic())
+
+    def record_probe(self, latency_ms: float) -> None:
+        """A probe request (agent/probe.py): in the latency window and the health record, not in `requests`."""
+        with self._lock:
+            self._latencies.append(latency_ms)
+            self._outcomes.append(True)
+            self._probes += 1
+
+    def live_within(self, seconds: float) -> int:
+        """Live requests answered in the last `seconds` (up to the 1,024 latest)."""
+        since = time.monotonic() - seconds
+        with self._lock:
+            return sum(1 for t in self._live if t >= since)
+
+    def take_probes(self) -> int:
+        """Probe requests since the last call."""
+        with self._lock:
+            probes, self._probes = self._probes, 0
+        return probes
 
     def record_error(self) -> None:
-        """A refused request (bad input, full queue): the caller's fault, not the model's."""
+        """A refused request (bad input, full queue): the caller's fault, not the model's, so not an error."""
         with self._lock:
-            self._errors += 1
+            self._refused += 1
 
     def record_failure(self) -> None:
         """The runtime failed on valid input: counts against the model's health."""

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from edgefleet.agent.link_pacing import LinkPacer, Pacing
+from edgefleet.agent.ordered_digest import OrderedDigest
 from edgefleet.core.errors import EdgefleetError
 from edgefleet.core.messages import BundleOffer
 from edgefleet.core.mqtt import Connection
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 
 MAX_CORRUPT_PER_BLOCK = 3
 SYNC_EVERY_S = 1.0
+UNSUBSCRIBE_BATCH = 8
+REFILL_SHARE = 4  # the window is topped up once a quarter of it is free: one SUBSCRIBE packet per batch, not per piece
 
 
 class TransferError(EdgefleetError):
@@ -47,6 +51,7 @@ class BlockDownload:
         stall_timeout_s: float = 20.0,
         max_stalls: int = 5,
         progress: Callable[[int, int], None] = lambda held, total: None,
+        link: LinkPacer | None = None,
     ) -> None:
         self.conn, self.topics, self.offer = conn, topics, offer
         self.transfer = offer.transfer
@@ -58,7 +63,14 @@ class BlockDownload:
         self.bytes_received = 0  # what this run fetched: a resume should fetch only what was missing
         self.corrupt_blocks = 0
         self.rejected_on_resume = 0  # blocks the record claimed but whose bytes did not check out
-        self._inbox: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[int, bytes, bytes | None]] = queue.Queue()
+        self.pacing = Pacing(link, *self._window_shape(window))  # cap, reports first, RTT-sized window
+
+    unit_name = "blocks"
+
+    def _window_shape(self, window: int) -> tuple[int, int]:
+        """(initial requests in flight, bytes a request stands for) for the RTT window."""
+        return window, self.transfer.block_size
 
     # --- persistent record
     def _open_record(self) -> bytearray:
@@ -107,72 +119,124 @@ class BlockDownload:
         for path in (self.part_path, self.record_path, self.meta_path):
             path.unlink(missing_ok=True)
 
+    def summary(self) -> str:
+        return f"{self.bytes_received} bytes fetched"
+
+    # --- what the fetch loop fetches: "units" (a block here; one distinct chunk in agent/chunk_download.py), each
+    # on its own retained topic, written as the file's pieces (blocks, or chunks at their offsets) in order
+    def _units(self, record: bytearray) -> list[int]:
+        return [i for i in range(self.transfer.block_count) if not record[i]]
+
+    def _unit_held(self, unit: int, record: bytearray) -> bool:
+        return bool(record[unit])
+
+    def _unit_topic(self, unit: int) -> str:
+        return self.topics.bundle_block(self.offer.bundle_id, unit)
+
+    def _unit_of(self, topic: str) -> int | None:
+        index = self.topics.block_index_of(topic)
+        return index if index is not None and 0 <= index < self.transfer.block_count else None
+
+    def _unit_len(self, unit: int) -> int:
+        return self._block_len(unit)
+
+    def _check(self, unit: int, payload: bytes) -> bytes | None:
+        """The unit's bytes if the payload is the signed unit, else None (runs on the network thread)."""
+        return payload if self._block_ok(unit, payload) else None
+
+    def _take(
+        self, unit: int, data: bytes, part: BinaryIO, rec: BinaryIO, record: bytearray, digest: OrderedDigest
+    ) -> None:
+        self._write_block(part, rec, unit, data)
+        record[unit] = 1
+        digest.add(unit, data)  # the whole-file sha256 as the pieces arrive, not a second pass
+
+    def _read_piece(self, part: BinaryIO, index: int) -> bytes:
+        return self._read_block(part, index)
+
     # --- fetching
     def _on_block(self, topic: str, payload: bytes, retained: bool) -> None:
-        index = self.topics.block_index_of(topic)
-        if index is not None:
-            self._inbox.put((index, payload))
+        unit = self._unit_of(topic)
+        if unit is not None:
+            # Checked here, on the network thread, so hashing runs beside the writer (hashlib frees the GIL).
+            self._inbox.put((unit, payload, self._check(unit, payload)))
 
     def run(self) -> Path:
         record = self._open_record()
-        total = self.transfer.block_count
-        missing = [i for i in range(total) if not record[i]]
-        self.progress(total - len(missing), total)
+        total = len(record)  # pieces of the file (blocks or chunks), one record byte each
+        missing = self._units(record)
+        self.progress(sum(record), total)
         requested: dict[int, str] = {}
-        strikes: dict[int, int] = {}  # corrupt deliveries per block
+        strikes: dict[int, int] = {}  # corrupt deliveries per unit
         stalls = 0
+        digest: OrderedDigest | None = None
+        finished: list[str] = []  # topics of blocks held, to unsubscribe in one packet
         try:
             with self.part_path.open("r+b") as part, self.record_path.open("r+b") as rec:
+                before = bytes(record)  # held from an earlier run: the digest reads those from disk
+                digest = OrderedDigest(total, lambda i: bool(before[i]), lambda i: self._read_piece(part, i))
                 last_sync = time.monotonic()
                 while missing or requested:
-                    while missing and len(requested) < self.window:
+                    fresh = []
+                    room = self.pacing.window() - len(requested)
+                    if requested and room < max(1, self.pacing.window() // REFILL_SHARE):
+                        room = 0  # wait for a batch's worth of room: one SUBSCRIBE packet per batch
+                    while missing and room > 0:
+                        room -= 1
                         index = missing.pop(0)
-                        topic = self.topics.bundle_block(self.offer.bundle_id, index)
-                        requested[index] = topic
-                        self.conn.subscribe(topic, self._on_block)
+                        self.pacing.before_request(index, self._unit_len(index))
+                        requested[index] = self._unit_topic(index)
+                        fresh.append(requested[index])
+                    self.conn.subscribe_many(fresh, self._on_block)  # one SUBSCRIBE packet for the lot
                     try:
-                        index, payload = self._inbox.get(timeout=self.stall_timeout_s)
+                        index, payload, data = self._inbox.get(timeout=self.stall_timeout_s)
                     except queue.Empty:
                         stalls += 1
                         if stalls > self.max_stalls:
-                            held = total - len(missing) - len(requested)
                             raise TransferError(
-                                f"download stalled: no block for {self.stall_timeout_s * stalls:.0f} s "
-                                f"({held}/{total} blocks held)"
+                                f"download stalled: nothing for {self.stall_timeout_s * stalls:.0f} s "
+                                f"({sum(record)}/{total} {self.unit_name} held)"
                             ) from None
                         self._resubscribe(requested)
                         continue
-                    if index not in requested or record[index]:
-                        continue  # a duplicate or a block we never asked for
+                    if index not in requested or self._unit_held(index, record):
+                        continue  # a duplicate or a unit we never asked for
                     stalls = 0
                     self.bytes_received += len(payload)
-                    if not self._block_ok(index, payload):
+                    if data is None:
                         self.corrupt_blocks += 1
                         strikes[index] = strikes.get(index, 0) + 1
+                        what = self.unit_name[:-1]
                         if strikes[index] >= MAX_CORRUPT_PER_BLOCK:
                             raise TransferError(
-                                f"block {index} failed its sha256 {strikes[index]} times; the published bundle "
+                                f"{what} {index} failed its sha256 {strikes[index]} times; the published bundle "
                                 "is corrupt"
                             )
-                        log.warning("block %d of %s is corrupt; requesting it again", index, self.offer.bundle_id)
+                        log.warning("%s %d of %s is corrupt; requesting it again", what, index, self.offer.bundle_id)
                         self.conn.unsubscribe(requested.pop(index))
+                        self.pacing.on_retry(index)
                         missing.insert(0, index)
                         time.sleep(0.2)
                         continue
-                    self._write_block(part, rec, index, payload)
-                    record[index] = 1
-                    self.conn.unsubscribe(requested.pop(index))
+                    self.pacing.on_arrival(index, len(payload))
+                    self._take(index, data, part, rec, record, digest)
+                    finished.append(requested.pop(index))
+                    if len(finished) >= max(UNSUBSCRIBE_BATCH, self.pacing.window() // REFILL_SHARE):
+                        self.conn.unsubscribe_many(finished)  # one UNSUBSCRIBE packet (a duplicate is ignored)
+                        finished = []
                     if time.monotonic() - last_sync >= SYNC_EVERY_S:
                         _sync(part, rec)
                         last_sync = time.monotonic()
-                    self.progress(total - len(missing) - len(requested), total)
+                    self.progress(sum(record), total)
                 _sync(part, rec)
+                whole = digest.finish()
         except OSError as err:
             raise TransferError(f"cannot write the download: {err}") from err
         finally:
-            for topic in requested.values():
-                self.conn.unsubscribe(topic)
-        return self._finish()
+            if digest is not None:
+                digest.close()
+            self.conn.unsubscribe_many([*requested.values(), *finished])
+        return self._finish(whole)
 
     def _resubscribe(self, requested: dict[int, str]) -> None:
         for topic in requested.values():
@@ -193,12 +257,11 @@ class BlockDownload:
         os.pwrite(part.fileno(), payload, index * self.transfer.block_size)
         os.pwrite(rec.fileno(), b"\x01", index)
 
-    def _finish(self) -> Path:
-        digest = hashlib.sha256()
-        with self.part_path.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-        if digest.hexdigest() != self.transfer.sha256:
+    def _read_block(self, part: BinaryIO, index: int) -> bytes:
+        return os.pread(part.fileno(), self._block_len(index), index * self.transfer.block_size)
+
+    def _finish(self, whole_sha256: str) -> Path:
+        if whole_sha256 != self.transfer.sha256:
             self.cleanup()
             raise TransferError("the assembled bundle's sha256 does not match the offer; download discarded")
         return self.part_path

@@ -6,7 +6,9 @@ Every module in this package is imported by `backends()`; a module registers its
 `@register`, so a new runtime is one new file. Optional runtimes (OpenVINO, coremltools, the ORT
 OpenVINO EP plugin) are imported only when a provider that needs them is asked about, through
 `optional_import`, whose failure disables the backend with a reason naming the pip extra; it never
-raises at import time, and `import edgefleet.agent.runtime` loads none of them.
+raises at import time, and `import edgefleet.agent.runtime` loads none of them. Backends outside this package
+are plugins: Python files or modules named in $EDGEFLEET_BACKENDS (separated by the OS path separator), imported
+by `backends()` in the agent and in its measuring workers alike, each registering itself with `@register`.
 
 Provider names, as manifests and profiles write them:
   "CPUExecutionProvider", "CUDAExecutionProvider", ...   ONNX Runtime with that execution provider
@@ -20,6 +22,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import importlib.util
+import logging
+import os
 import pkgutil
 import threading
 from abc import ABC, abstractmethod
@@ -34,6 +39,8 @@ import numpy as np
 
 from edgefleet.core.errors import BundleError, UnknownNameError
 from edgefleet.core.manifest import TensorRTOptions
+
+log = logging.getLogger(__name__)
 
 
 class LoadError(BundleError):
@@ -62,12 +69,18 @@ class LoadOptions:
 
     threads: int = 0  # 0 lets the runtime decide
     precision: str = "fp32"  # the bundle's recipe precision; fp32 bundles ask runtimes not to downcast
+    pin_f32: bool = False  # the converter measured it with OpenVINO's f32 hint (also INT8 with float layers)
     cache_dir: Path | None = None  # compiled blobs and engines go under here (one folder per backend)
     outputs: tuple[str, ...] = ()  # the manifest's output names, in order
     model_sha256: str = ""  # the bundle's model artifact (keys compiled engines); "" for a bare model file
     bundle_dir: Path | None = None  # the unpacked bundle (files the options name, e.g. a calibration table)
     tensorrt: TensorRTOptions | None = None  # the bundle's TensorRT EP options
     custom_op_libraries: tuple[str, ...] = ()  # custom-op libraries to register before loading
+
+    @property
+    def float_f32(self) -> bool:
+        """Float layers must run in f32, as the converter measured them (OpenVINO's CPU default is bf16)."""
+        return self.precision == "fp32" or self.pin_f32
 
 
 class CancelToken:
@@ -158,13 +171,32 @@ def register(cls: type[Backend]) -> type[Backend]:
     return cls
 
 
+PLUGINS_ENV = "EDGEFLEET_BACKENDS"
+
+
 def _discover() -> None:
     global _DISCOVERED
     if _DISCOVERED:
         return
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
+    for spec in filter(None, os.environ.get(PLUGINS_ENV, "").split(os.pathsep)):
+        try:
+            _import_plugin(spec)
+        except Exception as err:  # a broken plugin disables its backend, never the agent
+            log.error("backend plugin %s (from $%s) cannot be loaded: %s", spec, PLUGINS_ENV, err)
     _DISCOVERED = True
+
+
+def _import_plugin(spec: str) -> None:
+    path = Path(spec)
+    if path.suffix != ".py":
+        importlib.import_module(spec)
+        return
+    loader = importlib.util.spec_from_file_location(f"edgefleet_backend_plugin_{path.stem}", path)
+    if loader is None or loader.loader is None or not path.is_file():
+        raise ImportError(f"{spec} is not a readable Python file")
+    loader.loader.exec_module(importlib.util.module_from_spec(loader))
 
 
 def backends() -> list[Backend]:
@@ -182,8 +214,9 @@ def backend_for(provider: str) -> Backend:
     raise UnknownNameError("provider", provider, [p for b in backends() for p in b.known_providers])
 
 
-def availability(provider: str, bundle_format: str, *, custom_ops: Sequence[str] = ()) -> Availability:
-    """Whether `provider` can run a bundle of `bundle_format` (holding `custom_ops`) here. Never raises."""
+def misfit(provider: str, bundle_format: str, *, custom_ops: Sequence[str] = ()) -> Availability | None:
+    """Why `provider` can never run a bundle of `bundle_format` (holding `custom_ops`), decided from the backend's
+    declared formats alone, without probing or importing its runtime; None when it may run here."""
     try:
         backend = backend_for(provider)
     except UnknownNameError as err:
@@ -194,6 +227,15 @@ def availability(provider: str, bundle_format: str, *, custom_ops: Sequence[str]
         )
     if custom_ops and not backend.hosts_custom_ops:
         return Availability.no(f"{backend.title} cannot load custom operators ({', '.join(custom_ops)})")
+    return None
+
+
+def availability(provider: str, bundle_format: str, *, custom_ops: Sequence[str] = ()) -> Availability:
+    """Whether `provider` can run a bundle of `bundle_format` (holding `custom_ops`) here. Never raises."""
+    unfit = misfit(provider, bundle_format, custom_ops=custom_ops)
+    if unfit is not None:
+        return unfit
+    backend = backend_for(provider)
     try:
         return backend.availability(provider)
     except Exception as err:  # a probe that breaks disables the provider, it never takes the agent down
@@ -294,6 +336,7 @@ __all__ = [
     "backend_for",
     "backends",
     "distribution_version",
+    "misfit",
     "optional_import",
     "register",
     "registered",

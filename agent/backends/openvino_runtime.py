@@ -119,7 +119,7 @@ def compile_config(core: Any, device: str, options: LoadOptions) -> dict[str, An
         folder.mkdir(parents=True, exist_ok=True)
         config["CACHE_DIR"] = str(folder)
     per_device: dict[str, Any] = {}
-    if options.precision == "fp32":
+    if options.float_f32:
         per_device["INFERENCE_PRECISION_HINT"] = "f32"
     if options.threads:
         per_device["INFERENCE_NUM_THREADS"] = options.threads

@@ -175,7 +175,7 @@ def provider_options(provider: str, options: LoadOptions, *, plugin: bool = Fals
         return engines.session_options(options)
     if provider == OPENVINO:
         hints: dict[str, str] = {"PERFORMANCE_HINT": "LATENCY"}
-        if options.precision == "fp32":
+        if options.float_f32:
             hints["INFERENCE_PRECISION_HINT"] = "f32"  # OpenVINO's CPU default is bf16 where the CPU has it
         result = {"load_config": json.dumps({"CPU": hints})}
         if not plugin:

@@ -8,6 +8,7 @@ and never unpickles anything.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -19,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import ValidationError
 
-from edgefleet.core.errors import BundleError
+from edgefleet.core.errors import BundleError, DiskFullError
 from edgefleet.core.manifest import FileEntry, Manifest
 from edgefleet.core.signing import SigningKey, TrustedKeys
 
@@ -27,6 +28,7 @@ MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "signature.json"
 _MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 _CHUNK = 1 << 20
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,41 @@ def unpack_bundle(bundle_path: Path, dest: Path, trusted: TrustedKeys) -> Manife
         raise
 
 
+def unpack_pinned(bundle_path: Path, dest: Path, manifest_json: str) -> Manifest:
+    """Extract a bundle file whose whole-file sha256 was already checked against a signed offer carrying
+    `manifest_json`: its manifest.json must be those exact bytes and every file must match its pin. Directories
+    are fsync'd. A full disk raises DiskFullError (transient); `dest` is removed on any failure."""
+    manifest = parse_manifest(manifest_json)
+    if dest.exists():
+        raise BundleError(f"unpack target {dest} already exists")
+    try:
+        dest.mkdir(parents=True)
+        try:
+            with _open(bundle_path) as tar:
+                inner = _read_small(tar, MANIFEST_NAME)
+        except (tarfile.TarError, OSError) as err:
+            raise BundleError(f"{bundle_path.name} is truncated or corrupt: {err}") from err
+        if inner != manifest_json:
+            raise BundleError("the bundle's manifest differs from the signed offer's")
+        _extract(bundle_path, manifest, dest)
+        fsync_tree(dest)
+    except BaseException:
+        _remove_tree(dest)
+        raise
+    return manifest
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every directory under `root` (and root): new entries survive a power cut."""
+    dirs = [root, *(p for p in root.rglob("*") if p.is_dir())]
+    for directory in reversed(dirs):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def verify_files(directory: Path, manifest: Manifest) -> None:
     """Check an unpacked bundle's files against the manifest (an installed bundle, at start-up)."""
     for entry in manifest.files:
@@ -188,18 +225,28 @@ def verify_files(directory: Path, manifest: Manifest) -> None:
 
 def _walk(bundle_path: Path, trusted: TrustedKeys, dest: Path | None) -> Manifest:
     manifest = read_signed_manifest(bundle_path).verify(trusted)
+    _extract(bundle_path, manifest, dest)
+    if dest is not None:
+        fsync_tree(dest)
+    return manifest
+
+
+def _extract(bundle_path: Path, manifest: Manifest, dest: Path | None) -> None:
     expected = {entry.path: entry for entry in manifest.files}
     for rel in expected:
         _safe_relpath(rel)
     seen: set[str] = set()
     try:
         _check_members(bundle_path, expected, seen, dest)
-    except (tarfile.TarError, OSError) as err:
+    except OSError as err:
+        if err.errno in _DISK_FULL:
+            raise DiskFullError(f"disk full while unpacking {bundle_path.name}: {err}") from err
+        raise BundleError(f"{bundle_path.name} is truncated or corrupt: {err}") from err
+    except tarfile.TarError as err:
         raise BundleError(f"{bundle_path.name} is truncated or corrupt: {err}") from err
     missing = sorted(set(expected) - seen)
     if missing:
         raise BundleError(f"bundle is missing pinned files: {', '.join(missing)}")
-    return manifest
 
 
 def _check_members(bundle_path: Path, expected: dict[str, FileEntry], seen: set[str], dest: Path | None) -> None:

@@ -43,3 +43,7 @@ class ConversionError(EdgefleetError):
 
 class BrokerError(EdgefleetError):
     """The MQTT broker cannot be reached or refused us."""
+
+
+class DiskFullError(EdgefleetError):
+    """The disk filled up while writing: transient, retried once space returns (never a corrupt bundle)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
@@ -13,8 +13,9 @@ _VERSION = re.compile(r"^\d+(\.\d+){0,3}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
-Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static", "int8-weights"]
-Metric = Literal["top1", "argmax-agreement", "sqnr-db"]
+Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int8-weights"]
+# top1, argmax-agreement, sqnr-db by default; any task metric of edgefleet.converter.metrics or a user's file.py:fn
+Metric = str
 
 
 class Frozen(BaseModel):
@@ -62,6 +63,24 @@ class AccuracyReport(Frozen):
     budget: float = Field(description="largest allowed drop below the reference")
     samples: int = Field(ge=1)
     passed: bool
+    judged_on: str = Field(
+        default="evaluation set",
+        description="the data `value` was scored on: the whole evaluation set, or for mixed precision the held-out "
+        "split (its float layers chosen on the selection split, which never judges)",
+    )
+    selection_samples: int = Field(
+        default=0, ge=0, description="mixed precision: the samples its float layers were chosen on"
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """Left out at their defaults, so agents that predate held-out judging still parse plain bundles."""
+        data: dict[str, object] = handler(self)
+        if data.get("judged_on") == "evaluation set":
+            data.pop("judged_on", None)
+        if not data.get("selection_samples"):
+            data.pop("selection_samples", None)
+        return data
 
 
 class LatencyReport(Frozen):
@@ -73,6 +92,29 @@ class LatencyReport(Frozen):
     machine: str = Field(description="where it was measured")
 
 
+OutputRule = Literal["class-agreement", "position-agreement", "continuous"]
+
+
+class OutputCheck(Frozen):
+    """How the device judges one output on the golden set: the rule for its kind and tolerances that come from
+    the built artifact's own spread against the FP32 reference (edgefleet.core.output_rules)."""
+
+    output: str
+    rule: OutputRule = Field(
+        description="class-agreement: per-sample argmax (or label) agreement and top-k; position-agreement: "
+        "per-position argmax agreement (CTC, token logits); continuous: SQNR, cosine and max-abs error"
+    )
+    min_agreement: float | None = Field(default=None, ge=0, le=1, description="agreement rules: lowest share")
+    top_k: int | None = Field(default=None, ge=1, description="class scores: k of the top-k check")
+    min_top_k: float | None = Field(default=None, ge=0, le=1, description="share whose reference top-1 is in top-k")
+    min_sqnr_db: float | None = Field(default=None, description="continuous: lowest SQNR against the FP32 reference")
+    min_cosine: float | None = Field(default=None, description="continuous: lowest cosine similarity")
+    max_abs_error: float | None = Field(default=None, ge=0, description="continuous: largest |device - FP32|")
+    measured: dict[str, float] = Field(
+        default_factory=dict, description="the artifact's own figures on the evaluation data the tolerances came from"
+    )
+
+
 class GoldenSpec(Frozen):
     path: str = "golden.npz"
     count: int = Field(ge=1)
@@ -80,6 +122,17 @@ class GoldenSpec(Frozen):
     min_agreement: float = Field(
         ge=0, le=1, description="share of golden inputs whose argmax must equal the FP32 reference's"
     )
+    outputs: list[OutputCheck] = Field(
+        default_factory=list, description="per-output rule and tolerances; empty (older bundles): derived on device"
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """Left out when empty, so agents that predate per-output checks still parse such manifests."""
+        data: dict[str, object] = handler(self)
+        if not data.get("outputs"):
+            data.pop("outputs", None)
+        return data
 
 
 class CustomOp(Frozen):
@@ -118,7 +171,61 @@ class WebOptions(Frozen):
     onnxruntime_web: str = Field(description="the onnxruntime-web version its operators were checked against")
 
 
-_OPTIONAL_BLOCKS = ("custom_ops", "tensorrt", "web")
+class SearchReport(Frozen):
+    """How the recipe was chosen: the task metric, its bar, every candidate's score and latency, the threads."""
+
+    metric: str
+    description: str = ""
+    bar: float = Field(description="the lowest score a candidate could ship with")
+    min_score: float | None = Field(default=None, description="the absolute bar, when the user gave one")
+    max_drop: float | None = Field(default=None, description="the largest drop below FP32, when that set the bar")
+    scores: dict[str, float] = Field(default_factory=dict, description="every judged candidate's score")
+    latency_ms: dict[str, float] = Field(default_factory=dict, description="every timed candidate's median")
+    threads: list[int] = Field(default_factory=list, description="thread counts candidates were timed at")
+    latency_by_threads: dict[str, float] = Field(
+        default_factory=dict, description="the chosen recipe's median ms at each of those thread counts"
+    )
+    judged_on: dict[str, str] = Field(
+        default_factory=dict, description="candidates not scored on the whole evaluation set: the split that did"
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """Left out when empty, so agents that predate held-out judging still parse such manifests."""
+        data: dict[str, object] = handler(self)
+        if not data.get("judged_on"):
+            data.pop("judged_on", None)
+        return data
+
+
+class DeviceMeasurement(Frozen):
+    """One device's figures for the chosen recipe, when the fleet measured the candidates (`convert --measure-on`)."""
+
+    device_id: str
+    profile: str = Field(description="the profile the device runs")
+    provider: str | None = Field(default=None, description="the provider the device would serve it with")
+    threads: int = Field(default=0, description="the device's intra-op threads (0: the runtime decides)")
+    cpu_share: float = Field(default=1.0, description="share of the device's cores the measuring worker had")
+    measured_at: datetime
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    load_ms: float | None = None
+    peak_rss_mb: float | None = None
+
+
+class FarmReport(Frozen):
+    """Where and when the recipe's latency was measured when devices of the profile measured the candidates."""
+
+    statistic: str = Field(description="how the devices' figures were combined into one per candidate")
+    latency_ms: dict[str, float] = Field(default_factory=dict, description="candidate -> the combined figure")
+    devices: list[DeviceMeasurement] = Field(default_factory=list, description="the chosen recipe, per device")
+    silent: list[str] = Field(default_factory=list, description="devices asked that did not answer in time")
+
+
+_OPTIONAL_BLOCKS = (
+    "custom_ops", "tensorrt", "web", "drift_reference", "class_labels", "search", "benchmark_only", "farm"
+)  # fmt: skip
 
 
 class Manifest(Frozen):
@@ -141,10 +248,25 @@ class Manifest(Frozen):
     latency: LatencyReport | None = None
     golden: GoldenSpec
     source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the source ONNX model")
-    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     min_agent_version: str = "0.1.0"
     tensorrt: TensorRTOptions | None = Field(default=None, description="onnx-tensorrt bundles: the TensorRT EP options")
     web: WebOptions | None = Field(default=None, description="browser bundles: what the onnxruntime-web page needs")
+    class_labels: dict[str, list[str | int]] = Field(
+        default_factory=dict, description="outputs turned from ZipMaps into probability tensors: each column's class"
+    )
+    search: SearchReport | None = Field(default=None, description="the task metric, bar and candidates' scores")
+    drift_reference: str | None = Field(
+        default=None, description="bundle path of the input/output reference statistics for drift (JSON)"
+    )
+    benchmark_only: bool = Field(
+        default=False,
+        description="a candidate sent to devices to be measured (edgefleet/core/benchmark.py): never served, never "
+        "committed; agents that predate the field refuse it (unknown field)",
+    )
+    farm: FarmReport | None = Field(
+        default=None, description="the devices that measured the candidates (`convert --measure-on`), and when"
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from edgefleet.core.errors import EdgefleetError
+from edgefleet.core.manifest import OutputRule
 
 SCHEMA_VERSION = 1
 
@@ -66,6 +67,9 @@ class DeviceStatus(Message):
     ts: float = Field(default_factory=now)
     agent_version: str = ""
     profile: str | None = None
+    accepts_profiles: list[str] = Field(
+        default_factory=list, description="profiles whose bundles this device runs, most specific first"
+    )
     groups: list[str] = Field(default_factory=list)
     hardware: Hardware | None = None
     providers: list[str] = Field(default_factory=list, description="execution providers available here")
@@ -76,6 +80,9 @@ class DeviceStatus(Message):
     providers_not_chosen: dict[str, str] = Field(default_factory=dict, description="provider -> why not")
     verified: bool = Field(default=False, description="the active bundle passed signature and golden checks")
     last_error: str | None = None
+    desired_stale: str | None = Field(
+        default=None, description="why the signed desired state is stale (expired, none newer arrived); None: fresh"
+    )
 
 
 class LatencySummary(Message):
@@ -83,6 +90,64 @@ class LatencySummary(Message):
     p50_ms: float | None
     p95_ms: float | None
     p99_ms: float | None
+
+
+DriftBand = Literal["none", "moderate", "drift"]
+
+
+class OutputScore(Message):
+    """How one output compares with its reference, by the rule the manifest records for that output's kind."""
+
+    output: str
+    rule: OutputRule
+    score: float = Field(description="the rule's headline figure, higher is better (agreement share or cosine)")
+    passed: bool = Field(description="inside the manifest's tolerances")
+    detail: dict[str, float] = Field(default_factory=dict, description="other figures: sqnr_db, max_abs, top_k …")
+
+
+class GoldenTask(Message):
+    """The bundle's task rule as the device's golden check applied it (edgefleet/core/golden_task.py)."""
+
+    metric: str = Field(description="the task metric the converter chose the recipe by, e.g. argmax-agreement")
+    computable: bool = Field(description="False: the device cannot compute it; the per-output checks judged alone")
+    score: float | None = Field(default=None, description="the device's score on the golden set")
+    floor: float | None = Field(default=None, description="the least score that passes")
+    passed: bool = True
+
+
+class DriftScore(Message):
+    """Drift of one input (or input channel) or output over the device's sliding window, against the bundle's
+    reference statistics."""
+
+    name: str = Field(description="input or output name; a channel is name[c]")
+    kind: Literal["input", "output"]
+    psi: float
+    ks: float | None = None
+    band: DriftBand
+    samples: int = Field(ge=0, description="live samples in the window behind this score")
+
+
+class ShadowReport(Message):
+    """A shadow bundle run on a sampled share of live requests, compared with the served one."""
+
+    bundle_id: str
+    requests: int = Field(ge=0)
+    agreement: float | None = Field(description="worst per-output score; None until a request was mirrored")
+    per_output: list[OutputScore] = Field(default_factory=list)
+    latency: LatencySummary | None = None
+    dropped: int = Field(default=0, ge=0, description="requests not mirrored because of the CPU budget")
+    failures: int = Field(default=0, ge=0, description="mirrored requests the shadow failed to run")
+
+
+class LinkReport(Message):
+    """The device's link as the agent counts it (agent/link_pacing.py): its cap and the bytes that crossed it."""
+
+    cap_bytes_per_s: int | None = Field(default=None, description="the byte-rate cap in force (None: no cap)")
+    bulk_bytes: int = Field(default=0, ge=0, description="bundle bytes received since the agent started")
+    report_bytes: int = Field(default=0, ge=0, description="report bytes published since the agent started")
+    clock_s: float = Field(default=0.0, description="the agent's monotonic clock when counted (rates = deltas)")
+    window: int | None = Field(default=None, description="requests in flight of the current download")
+    srtt_ms: float | None = Field(default=None, description="smoothed round trip of a block request")
 
 
 class Telemetry(Message):
@@ -109,6 +174,12 @@ class Telemetry(Message):
     field_samples: int = Field(default=0, description="feedbacks behind field_accuracy")
     spool_depth: int = Field(default=0, description="reports waiting on the device for the broker")
     spool_dropped: int = Field(default=0, description="reports dropped (oldest first) since the device started")
+    golden_scores: list[OutputScore] = Field(default_factory=list, description="per-output golden-set scores")
+    golden_task: GoldenTask | None = Field(default=None, description="the task rule's score on the golden set")
+    drift: list[DriftScore] = Field(default_factory=list, description="per input/output drift over the window")
+    shadow: ShadowReport | None = None
+    probe_requests: int = Field(default=0, ge=0, description="requests the agent generated from its golden set")
+    link: LinkReport | None = Field(default=None, description="the link's cap and byte counters")
 
 
 EventKind = Literal[
@@ -123,6 +194,7 @@ EventKind = Literal[
     "refused",
     "health-failed",
     "error",
+    "desired-stale",
 ]
 
 
@@ -137,23 +209,76 @@ class Event(Message):
 
 
 class Desired(Message):
-    """Retained on `devices/{id}/desired` or `groups/{g}/desired`: the bundle to run."""
+    """The bundle to run; travels inside a `SignedDesired` on `devices/{id}/desired` or `groups/{g}/desired`."""
 
     bundle_id: str
     model_name: str
     model_version: str
     profile: str
-    rollback: bool = Field(default=False, description="allow a version older than the one running")
-    issued_at: float = Field(default_factory=now)
+    rollback: bool = Field(default=False, description="informational: the host marked this a rollback")
+    issued_at: float = Field(default_factory=now, description="when the operator decided (kept across re-signing)")
+    shadow_bundle_id: str | None = Field(default=None, description="a bundle to run beside the served one, unserved")
+    target: str = Field(default="", description="'device:<id>' or 'group:<name>': the only topic it is valid on")
+    counter: int = Field(default=0, ge=0, description="monotonic across every document the control plane signs")
+    expires_at: float = Field(default=0.0, description="after this the device reports its desired state stale")
+    allow_downgrade_to: str | None = Field(
+        default=None, description="the exact bundle id this document allows below the device's version floor"
+    )
+    clear: bool = Field(
+        default=False,
+        description="a signed 'no desired state' for this target: the device forgets the target's document and "
+        "keeps what it runs (bundle fields empty)",
+    )
+    max_bytes_per_s: int | None = Field(
+        default=None, ge=1024, description="a byte-rate cap for the device's link (paid links); None: no cap"
+    )
+
+
+class SignedPayload(Message):
+    """A document (JSON text) and an ed25519 signature over its domain-separated bytes (see core/keyset.py)."""
+
+    kind: Literal["keyset", "desired"]
+    payload: str
+    key_id: str
+    signature: str
+
+
+class SignedDesired(Message):
+    """Retained on a desired topic: a `Desired` signed by an operations key, with the key set that delegates it."""
+
+    desired: SignedPayload
+    keyset: SignedPayload | None = None
+
+
+class ChunkRef(BaseModel):
+    """One content-addressed chunk of a bundle file (core/chunks.py): retained on `chunks/{sha256}`, named by the
+    sha256 of its uncompressed bytes; `zstd` is the length of the zstd frame on the wire, None when sent raw."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=1, description="uncompressed bytes")
+    zstd: int | None = Field(default=None, ge=1, description="bytes on the wire when zstd-compressed")
 
 
 class Transfer(Message):
-    """How the bundle file is split into retained blocks, with the hashes to check each one."""
+    """How the bundle file travels: fixed-size retained blocks (`block_sha256`, the first layout) or, when `chunks`
+    is set, content-addressed chunks listed in file order (`block_size` is then the largest chunk allowed)."""
 
     size: int = Field(ge=1)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     block_size: int = Field(ge=1024)
-    block_sha256: list[str] = Field(min_length=1)
+    block_sha256: list[str] = Field(default_factory=list)
+    chunks: list[ChunkRef] = Field(default_factory=list, description="the chunk layout; empty for blocks")
+    index: list[ChunkRef] = Field(default_factory=list, description="index pages of a big chunk list (chunk_index)")
+    chunk_count: int = Field(default=0, ge=0, description="chunks the index pages list")
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_index(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)  # an offer without pages is the very JSON agents from before pages parse (and sign)
+        if isinstance(data, dict) and not self.index and not self.chunk_count:
+            data.pop("index", None)
+            data.pop("chunk_count", None)
+        return data
 
     @property
     def block_count(self) -> int:
@@ -161,13 +286,21 @@ class Transfer(Message):
 
 
 class BundleOffer(Message):
-    """Retained on `bundles/{id}/manifest`: the signed manifest (verifiable before any download)."""
+    """Retained on `bundles/{id}/manifest`: the manifest and the transfer layout under ONE signature by a bundle
+    key (over `core.transfer.offer_signing_bytes`), verifiable before any download."""
 
     bundle_id: str
     manifest_json: str
     key_id: str
     signature: str
     transfer: Transfer
+    keyset: SignedPayload | None = Field(default=None, description="the root-signed key set delegating the signer")
+
+
+def _unicode(array: np.ndarray) -> np.ndarray:
+    """Text of any numpy kind as fixed-width unicode; bytes are UTF-8 (ONNX strings), never their repr."""
+    items = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.ravel().tolist()]
+    return np.array(items, dtype=str).reshape(array.shape)
 
 
 class WireTensor(Message):
@@ -177,7 +310,7 @@ class WireTensor(Message):
 
     @classmethod
     def of(cls, array: np.ndarray) -> WireTensor:
-        array = np.ascontiguousarray(array)
+        array = np.ascontiguousarray(_unicode(array) if array.dtype.kind in "OS" else array)  # strings: unicode
         return cls(dtype=str(array.dtype), shape=list(array.shape), data=base64.b64encode(array.tobytes()).decode())
 
     def to_array(self) -> np.ndarray:
@@ -194,6 +327,14 @@ class InferRequest(Message):
     request_id: str
     client_id: str = Field(description="the response goes to devices/{id}/infer/response/{client_id}")
     inputs: dict[str, WireTensor]
+
+
+class InferFeedback(Message):
+    """On `devices/{id}/infer/feedback`: the true labels of a request answered over MQTT (field accuracy)."""
+
+    request_id: str = Field(description="the request_id of the InferRequest")
+    client_id: str = Field(description="the client_id of the InferRequest")
+    labels: list[int] = Field(min_length=1, description="true class per sample of the request, in order")
 
 
 class InferResponse(Message):

@@ -10,137 +10,34 @@
 from __future__ import annotations
 
 import logging
-import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Protocol as Interface
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edgefleet.core.errors import BrokerError, UserInputError
+from edgefleet.core.errors import BrokerError
+from edgefleet.core.mqtt_setup import BrokerAddress, TlsFiles, Will, negotiate_protocol, new_client, no_delay
 
 log = logging.getLogger(__name__)
 
 Protocol = Literal["auto", "3.1.1", "5"]
 Handler = Callable[[str, bytes, bool], None]  # (topic, payload, retained)
+Ack = Callable[[], None]
+AckedHandler = Callable[[str, bytes, bool, Ack], None]  # (topic, payload, retained, ack once it is safe)
 
 
-@dataclass(frozen=True)
-class TlsFiles:
-    ca: str
-    cert: str | None = None
-    key: str | None = None
+class PublishObserver(Interface):
+    """Told of every publish on a connection (the agent's link pacing: reports go before bundle chunks)."""
 
+    def queued(self, mid: int, nbytes: int) -> None: ...
 
-@dataclass(frozen=True)
-class BrokerAddress:
-    host: str
-    port: int
-    tls: bool
-
-    @classmethod
-    def parse(cls, url: str) -> BrokerAddress:
-        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
-        if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not parts.hostname:
-            raise UserInputError(f"invalid broker URL {url!r}; use mqtt://host:port or mqtts://host:port")
-        tls = parts.scheme in ("mqtts", "ssl")
-        try:
-            port = parts.port or (8883 if tls else 1883)
-        except ValueError as err:
-            raise UserInputError(f"invalid port in broker URL {url!r}") from err
-        return cls(parts.hostname, port, tls)
-
-    def __str__(self) -> str:
-        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class Will:
-    topic: str
-    payload: bytes
-    qos: int = 1
-    retain: bool = True
-
-
-_PROTOCOL_CACHE: dict[BrokerAddress, paho.MQTTProtocolVersion] = {}
-
-
-def _new_client(
-    client_id: str,
-    protocol: paho.MQTTProtocolVersion,
-    tls: TlsFiles | None,
-    address: BrokerAddress,
-    persistent: bool = False,
-) -> paho.Client:
-    # clean_session is a 3.1.1 notion; MQTT 5 says it with clean_start and a session expiry at connect.
-    clean = None if protocol == paho.MQTTv5 else not persistent
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=clean)
-    if address.tls:
-        client.tls_set(
-            ca_certs=tls.ca if tls else None,
-            certfile=tls.cert if tls else None,
-            keyfile=tls.key if tls else None,
-            tls_version=ssl.PROTOCOL_TLS_CLIENT,
-        )
-    client.reconnect_delay_set(min_delay=1, max_delay=30)
-    client.max_inflight_messages_set(64)
-    return client
-
-
-def negotiate_protocol(
-    address: BrokerAddress, tls: TlsFiles | None = None, timeout: float = 5.0
-) -> paho.MQTTProtocolVersion:
-    """MQTTv5 if the broker accepts a v5 CONNECT, else MQTTv311. Unreachable brokers get 3.1.1 (works on all)."""
-    if address in _PROTOCOL_CACHE:
-        return _PROTOCOL_CACHE[address]
-    answer: dict[str, bool] = {}
-    done = threading.Event()
-
-    def on_connect(client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any) -> None:
-        answer["v5"] = not reason.is_failure
-        done.set()
-
-    def on_disconnect(client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any) -> None:
-        done.set()
-
-    probe = _new_client(f"edgefleet-probe-{time.monotonic_ns() % 10**9}", paho.MQTTv5, tls, address)
-    probe.on_connect, probe.on_disconnect = on_connect, on_disconnect
-    try:
-        probe.connect(address.host, address.port, keepalive=10)
-        probe.loop_start()
-        done.wait(timeout)
-    except OSError as err:
-        log.info("broker %s unreachable for the protocol probe (%s); using MQTT 3.1.1", address, err)
-        return paho.MQTTv311
-    finally:
-        probe.disconnect()
-        probe.loop_stop()
-    if "v5" not in answer:
-        return paho.MQTTv311
-    protocol = paho.MQTTv5 if answer["v5"] else paho.MQTTv311
-    _PROTOCOL_CACHE[address] = protocol
-    return protocol
-
-
-def _no_delay(client: paho.Client) -> None:
-    """Disable Nagle: MQTT sends many small packets (SUBSCRIBE, PUBACK, requests) that must not wait for the
-    peer's delayed ACK (40 ms per round trip on Linux); measured: a windowed bundle fetch ran 8x faster."""
-    sock = client.socket()
-    if sock is None:
-        return
-    try:
-        raw: Any = getattr(sock, "_sock", sock)  # paho may wrap the TCP socket (websockets)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except (OSError, AttributeError) as err:
-        log.debug("cannot set TCP_NODELAY: %s", err)
+    def acknowledged(self, mid: int) -> None: ...
 
 
 def _matches(pattern: str, topic: str) -> bool:
@@ -163,15 +60,26 @@ class Connection:
         keepalive: int = 30,
         on_connected: Callable[[], None] | None = None,
         session_expiry_s: int = 0,
+        manual_ack: bool = False,
+        receive_maximum: int | None = None,
+        observer: PublishObserver | None = None,
     ) -> None:
         """`session_expiry_s` > 0 asks the broker to keep this client's subscriptions and queue its QoS 1
-        messages while it is away (a persistent session), so a subscriber that reconnects misses nothing."""
+        messages while it is away (a persistent session), so a subscriber that reconnects misses nothing.
+
+        `manual_ack`: a QoS 1 message is acknowledged (PUBACK) only when its handler says so (handlers given to
+        `subscribe_acked` call the `ack` they get, e.g. once the message is stored; plain handlers are
+        acknowledged when they return). Unacknowledged messages stay the broker's: it re-delivers them after a
+        reconnect, and stops sending once `receive_maximum` (MQTT 5; the broker's `max_inflight_messages` on
+        3.1.1) are unacknowledged, which is the back-pressure."""
         self.address = BrokerAddress.parse(url)
         self.client_id = client_id
         self._protocol_choice, self._tls, self._will, self._keepalive = protocol, tls, will, keepalive
         self._on_connected = on_connected
         self._session_expiry_s = session_expiry_s
-        self._subscriptions: dict[str, tuple[int, Handler]] = {}
+        self._subscriptions: dict[str, tuple[int, Handler | None, AckedHandler | None]] = {}
+        self._patterns: set[str] = set()  # the subscriptions with wildcards; the rest route by one dict lookup
+        self._manual_ack, self._receive_maximum = manual_ack, receive_maximum
         self._lock = threading.Lock()
         self._connected = threading.Event()
         self._client: paho.Client | None = None
@@ -179,6 +87,7 @@ class Connection:
         self.connects = 0
         self._stopping = False
         self._refused_publishes: dict[int, str] = {}  # mid -> reason, from MQTT 5 PUBACK reason codes
+        self._observer = observer
 
     # --- lifecycle
     def start(self, wait: float | None = 10.0) -> Connection:
@@ -188,12 +97,15 @@ class Connection:
         elif self._protocol_choice == "auto":
             self.protocol = negotiate_protocol(self.address, self._tls)
         persistent = self._session_expiry_s > 0
-        client = _new_client(self.client_id, self.protocol, self._tls, self.address, persistent)
+        client = new_client(self.client_id, self.protocol, self._tls, self.address, persistent)
+        client.manual_ack_set(self._manual_ack)
         connect_options: dict[str, Any] = {}
         if self.protocol == paho.MQTTv5:
             properties = Properties(PacketTypes.CONNECT)
             if persistent:
                 properties.SessionExpiryInterval = self._session_expiry_s
+            if self._receive_maximum is not None:
+                properties.ReceiveMaximum = self._receive_maximum
             connect_options = {"clean_start": not persistent, "properties": properties}
         if self._will is not None:
             client.will_set(self._will.topic, self._will.payload, self._will.qos, self._will.retain)
@@ -233,6 +145,10 @@ class Connection:
         self._connected.clear()
 
     @property
+    def tls(self) -> TlsFiles | None:
+        return self._tls
+
+    @property
     def connected(self) -> bool:
         return self._connected.is_set()
 
@@ -242,17 +158,53 @@ class Connection:
     # --- subscriptions
     def subscribe(self, topic: str, handler: Handler, qos: int = 1) -> None:
         with self._lock:
-            self._subscriptions[topic] = (qos, handler)
+            self._subscriptions[topic] = (qos, handler, None)
+            self._note_pattern(topic)
+        self._subscribe_now(topic, qos)
+
+    def subscribe_acked(self, topic: str, handler: AckedHandler, qos: int = 1) -> None:
+        """Like `subscribe`, but on a `manual_ack` connection the message is acknowledged only when the handler
+        calls the `ack` it is given (from any thread, once). Elsewhere `ack` does nothing."""
+        with self._lock:
+            self._subscriptions[topic] = (qos, None, handler)
+            self._note_pattern(topic)
+        self._subscribe_now(topic, qos)
+
+    def _note_pattern(self, topic: str) -> None:
+        if "+" in topic or "#" in topic or topic.startswith("$share/"):
+            self._patterns.add(topic)
+
+    def _subscribe_now(self, topic: str, qos: int) -> None:
         client = self._client
         if client is not None and self.connected:
             client.subscribe(topic, qos)
 
     def unsubscribe(self, topic: str) -> None:
+        self.unsubscribe_many([topic])
+
+    def subscribe_many(self, topics: list[str], handler: Handler, qos: int = 1) -> None:
+        """Several topics, one handler, one SUBSCRIBE packet (a window of block topics)."""
+        if not topics:
+            return
         with self._lock:
-            self._subscriptions.pop(topic, None)
+            for topic in topics:
+                self._subscriptions[topic] = (qos, handler, None)
+                self._note_pattern(topic)
         client = self._client
         if client is not None and self.connected:
-            client.unsubscribe(topic)
+            client.subscribe([(topic, qos) for topic in topics])
+
+    def unsubscribe_many(self, topics: list[str]) -> None:
+        """One UNSUBSCRIBE packet for all of `topics`."""
+        if not topics:
+            return
+        with self._lock:
+            for topic in topics:
+                self._subscriptions.pop(topic, None)
+                self._patterns.discard(topic)
+        client = self._client
+        if client is not None and self.connected:
+            client.unsubscribe(list(topics))
 
     # --- publishing
     def publish(
@@ -264,6 +216,8 @@ class Connection:
         info = client.publish(topic, payload, qos=qos, retain=retain)
         if info.rc == paho.MQTT_ERR_PAYLOAD_SIZE:
             raise BrokerError(f"payload of {len(payload)} bytes is too large for {topic}")
+        if self._observer is not None:
+            self._observer.queued(info.mid, len(payload))
         if wait is not None:
             try:
                 info.wait_for_publish(wait)
@@ -282,10 +236,10 @@ class Connection:
             log.warning("broker %s refused the connection: %s", self.address, reason.getName())
             return
         self.connects += 1
-        _no_delay(client)
+        no_delay(client)
         with self._lock:
             subscriptions = list(self._subscriptions.items())
-        for topic, (qos, _) in subscriptions:
+        for topic, (qos, _, _) in subscriptions:
             client.subscribe(topic, qos)
         self._connected.set()
         log.info("connected to %s (MQTT %s)", self.address, "5" if self.protocol == paho.MQTTv5 else "3.1.1")
@@ -296,6 +250,8 @@ class Connection:
                 log.exception("on_connected hook failed")
 
     def _handle_publish(self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode, props: Any) -> None:
+        if self._observer is not None:
+            self._observer.acknowledged(mid)
         # MQTT 5 brokers say why they refused a QoS 1 publish (e.g. 0x87 Not authorized by an ACL).
         if reason.is_failure:
             if len(self._refused_publishes) > 10_000:
@@ -310,11 +266,45 @@ class Connection:
             log.warning("disconnected from %s: %s; reconnecting", self.address, reason.getName())
         self._connected.clear()
 
+    def _acker(self, mid: int, qos: int) -> Ack:
+        """Acknowledge `mid` on the connection it arrived on. After a reconnect the broker re-delivers what was
+        not acknowledged (a new copy, acknowledged on its own), and may reuse the old packet id for another
+        message: an acknowledgement from a previous connection must not go out on this one."""
+        generation = self.connects
+
+        def ack() -> None:
+            client = self._client
+            if client is not None and self.connects == generation and self.connected:
+                client.ack(mid, qos)
+
+        return ack
+
     def _handle_unrouted(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         with self._lock:
-            handlers = [h for pattern, (_, h) in self._subscriptions.items() if _matches(pattern, message.topic)]
-        for handler in handlers:
+            # A window of block topics can hold hundreds of exact subscriptions: route those by lookup.
+            exact = self._subscriptions.get(message.topic)
+            matched = [(exact[1], exact[2])] if exact is not None else []
+            for pattern in self._patterns:
+                if _matches(pattern, message.topic):
+                    _, h, a = self._subscriptions[pattern]
+                    matched.append((h, a))
+        manual = self._manual_ack and message.qos > 0
+        ack = self._acker(message.mid, message.qos) if manual else _no_ack
+        deferred = False
+        payload, retained = bytes(message.payload), bool(message.retain)
+        for handler, acked_handler in matched:
             try:
-                handler(message.topic, bytes(message.payload), bool(message.retain))
+                if acked_handler is not None:
+                    deferred = True
+                    acked_handler(message.topic, payload, retained, ack)
+                elif handler is not None:
+                    handler(message.topic, payload, retained)
             except Exception:
                 log.exception("handler for %s failed; message dropped", message.topic)
+                deferred = deferred and acked_handler is None  # it will never ack: free the broker's slot
+        if manual and not deferred:
+            ack()
+
+
+def _no_ack() -> None:
+    """Acknowledgement is paho's (automatic) on connections without `manual_ack`."""

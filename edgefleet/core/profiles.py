@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from edgefleet.core.errors import UnknownNameError, UserInputError
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
 
-Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static", "int8-weights"]
+Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int8-weights"]
 Runtime = Literal["onnxruntime", "openvino", "coreml", "tensorrt", "onnxruntime-web"]
 BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
 
@@ -97,6 +97,8 @@ class Target(_Frozen):
 
     @model_validator(mode="after")
     def _options_fit_runtime(self) -> Target:
+        if "bf16" in self.precisions and self.runtime != "openvino":
+            raise ValueError("bf16 is an OpenVINO inference precision (AVX512_BF16 / AMX CPUs); use fp16 elsewhere")
         if "int8-weights" in self.precisions and self.runtime != "coreml":
             raise ValueError("int8-weights (weight-only quantization) is a CoreML recipe; use int8-static elsewhere")
         if self.ort_format and self.runtime != "onnxruntime-web":
@@ -158,6 +160,17 @@ class Profile(_Frozen):
     accuracy_budget: AccuracyBudget
     size_limit_mb: float = Field(gt=0)
     intra_op_threads: int = Field(default=0, ge=0, description="threads the device gives inference; 0 = all")
+    threads: list[PositiveInt] = Field(
+        default_factory=list,
+        description="thread counts its devices run inference with: the converter times candidates at each (the "
+        "first decides) and records them; empty = the converter's --threads",
+    )
+    refines: list[str] = Field(
+        default_factory=list,
+        description="profiles this one narrows down (intel-x86-vnni refines generic-x86-64): every device of this "
+        "profile also runs their bundles, and the control plane falls back to them when no bundle is built for "
+        "this one",
+    )
     sources: list[str] = Field(default_factory=list, description="vendor documentation the values come from")
 
     @field_validator("targets")
@@ -202,7 +215,38 @@ def load_profiles(directory: Path = PROFILES_DIR) -> dict[str, Profile]:
     profiles = {p.stem: _load_file(p) for p in sorted(directory.glob("*.yaml"))}
     if not profiles:
         raise UserInputError(f"no profiles found in {directory}")
+    for profile in profiles.values():
+        unknown = [name for name in profile.refines if name not in profiles]
+        if unknown:
+            raise UserInputError(f"profile {profile.name} refines unknown profile(s) {unknown}")
+        if profile.name in profile.refines or any(profile.name in lineage(p, profiles) for p in profile.refines):
+            raise UserInputError(f"profile {profile.name} refines itself through {profile.refines}")
+        for parent in profile.refines:
+            wider = set(profile.match.arch) - set(profiles[parent].match.arch)
+            if wider:
+                raise UserInputError(
+                    f"profile {profile.name} refines {parent} but matches arch {sorted(wider)} it does not"
+                )
     return profiles
+
+
+def lineage(name: str, profiles: Mapping[str, Profile]) -> list[str]:
+    """`name`, then every profile it refines, nearest first (breadth first, each once). A name the mapping does not
+    know stands alone."""
+    order, queue = [name], [name]
+    while queue:
+        current = profiles.get(queue.pop(0))
+        for parent in current.refines if current else ():
+            if parent not in order:
+                order.append(parent)
+                queue.append(parent)
+    return order
+
+
+def profile_lineage(name: str, directory: Path = PROFILES_DIR) -> list[str]:
+    """`lineage` over the installed profiles: the profiles whose bundles a device of profile `name` runs, nearest
+    first."""
+    return lineage(name, load_profiles(directory))
 
 
 def get_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
@@ -285,15 +329,32 @@ def match_reasons(profile: Profile, facts: HostFacts) -> list[str]:
 
 
 def detect(profiles: Iterable[Profile], facts: HostFacts) -> list[Profile]:
-    """Matching profiles, most specific first."""
-    matching = [p for p in profiles if not match_reasons(p, facts)]
-    return sorted(matching, key=lambda p: (-p.specificity, p.name))
+    """Matching profiles, most specific first: deepest in the refinement tree, then by the number of match rules."""
+    known = {p.name: p for p in profiles}
+    matching = [p for p in known.values() if not match_reasons(p, facts)]
+    return sorted(matching, key=lambda p: (-len(lineage(p.name, known)), -p.specificity, p.name))
 
 
 def detect_profile(directory: Path = PROFILES_DIR) -> Profile:
+    """The most specific profile this machine satisfies."""
+    return detect_profiles(directory)[0]
+
+
+def detect_profiles(directory: Path = PROFILES_DIR) -> list[Profile]:
+    """Every profile this machine satisfies, most specific first (UserInputError when none does)."""
     profiles = load_profiles(directory).values()
     facts = HostFacts.probe(f for p in profiles for f in p.match.files)
     found = detect(profiles, facts)
     if not found:
         raise UserInputError(f"no profile matches this machine ({facts.arch}, {facts.os}); pass --profile NAME")
-    return found[0]
+    return found
+
+
+def device_profiles(choice: str, directory: Path = PROFILES_DIR) -> list[Profile]:
+    """The profiles whose bundles a device runs, most specific first: with "auto", every profile the machine
+    satisfies; with a name, that profile and the profiles it refines (the operator vouches for the hardware)."""
+    if choice == "auto":
+        return detect_profiles(directory)
+    profiles = load_profiles(directory)
+    get_profile(choice, directory)
+    return [profiles[name] for name in lineage(choice, profiles)]

@@ -91,6 +91,9 @@ class TrustedKeys:
     def ids(self) -> list[str]:
         return sorted(self._keys)
 
+    def public_keys(self) -> dict[str, Ed25519PublicKey]:
+        return dict(self._keys)
+
     def verify(self, data: bytes, signer_key_id: str, signature_b64: str) -> None:
         public = self._keys.get(signer_key_id)
         if public is None:

@@ -20,9 +20,14 @@ from edgefleet.core.manifest import TensorSpec
 LABELS_KEY = "labels"
 
 
+def is_string_dtype(dtype: str) -> bool:
+    """A string tensor (ONNX `tensor(string)`): its spec says object; text arrays of any numpy kind fit it."""
+    return np.dtype(dtype).kind in "OUS"
+
+
 def check_tensor(spec: TensorSpec, value: np.ndarray, where: str = "input") -> None:
     """Raise DataError when `value` does not fit `spec` (dtype, rank, fixed dimensions)."""
-    if value.dtype != np.dtype(spec.dtype):
+    if value.dtype != np.dtype(spec.dtype) and not (is_string_dtype(spec.dtype) and value.dtype.kind in "OUS"):
         raise DataError(f"{where} {spec.name!r}: dtype {value.dtype} but the model wants {spec.dtype}")
     if len(value.shape) != len(spec.shape):
         raise DataError(

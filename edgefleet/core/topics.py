@@ -53,6 +53,20 @@ class Topics:
         """Every block of a bundle (for ACLs; devices subscribe block by block)."""
         return f"{self.prefix}/bundles/{check_segment('bundle id', bundle_id)}/blocks/+"
 
+    def chunk(self, sha256: str) -> str:
+        """Retained: one content-addressed chunk, shared by every bundle that holds it (core/chunks.py)."""
+        if len(sha256) != 64 or sha256.strip("0123456789abcdef"):
+            raise ValueError(f"invalid chunk name {sha256!r}: a chunk is named by its sha256 in hex")
+        return f"{self.prefix}/chunks/{sha256}"
+
+    def all_chunks(self) -> str:
+        """Every chunk topic (for broker rights: a device may subscribe to a chunk it can name, never to this)."""
+        return f"{self.prefix}/chunks/+"
+
+    def chunk_of(self, topic: str) -> str | None:
+        head = f"{self.prefix}/chunks/"
+        return topic[len(head) :] if topic.startswith(head) else None
+
     # --- request/response inference (remote calls into a device's model)
     def infer_request(self, device_id: str) -> str:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/infer/request"
@@ -63,8 +77,25 @@ class Topics:
             f"/infer/response/{check_segment('client id', client_id)}"
         )
 
+    def infer_feedback(self, device_id: str) -> str:
+        """Clients tell the device the true labels of earlier requests (InferFeedback)."""
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/infer/feedback"
+
     def infer_responses(self, device_id: str) -> str:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/infer/response/+"
+
+    # --- the fleet as the benchmark farm (edgefleet/core/benchmark.py)
+    def benchmark_request(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/benchmark/request"
+
+    def benchmark_result(self, device_id: str, client_id: str) -> str:
+        return (
+            f"{self.prefix}/devices/{check_segment('device id', device_id)}"
+            f"/benchmark/result/{check_segment('client id', client_id)}"
+        )
+
+    def benchmark_results(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/benchmark/result/+"
 
     # --- wildcards for the host
     def all_status(self) -> str:

@@ -1,0 +1,174 @@
+"""HTTP/1.1 for the local inference API: request heads, answers, and what the server asks of the application.
+
+`Head` is a parsed request line and headers; `Response` an answer; `App.admit` decides on a request from its
+head alone and returns either an immediate `Response` or an `Admission` (a handler for the body, run by a
+worker, and a `release` that always runs once).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Protocol
+
+MAX_HEAD = 32 * 1024  # request line and headers together
+MAX_HEADERS = 64
+_DATE = {"second": 0, "text": ""}
+
+
+@dataclass(frozen=True)
+class Head:
+    method: str
+    path: str
+    query: str
+    version: str
+    headers: dict[str, str]  # lower-case names
+
+    @property
+    def keep_alive(self) -> bool:
+        connection = self.headers.get("connection", "").lower()
+        if self.version == "HTTP/1.0":
+            return "keep-alive" in connection
+        return "close" not in connection
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    close: bool = False
+
+
+@dataclass
+class Admission:
+    """An admitted request: the worker calls `handle(body)`; `release()` runs once, whatever happened.
+
+    `quick()`, when given, is asked once the body is complete: True promises that `handle` will not wait (the app
+    reserved what it needs), so the server may answer on its I/O thread instead of handing it to a worker."""
+
+    handle: Callable[[bytes], Response]
+    release: Callable[[], None] = lambda: None
+    quick: Callable[[], bool] | None = None
+
+
+class App(Protocol):
+    def admit(self, head: Head, length: int) -> Response | Admission:
+        """Decide on a request from its head alone (its body, of `length` bytes, is not read yet)."""
+        ...
+
+    def refused(self, status: int, message: str) -> Response:
+        """The answer to a request the server itself refuses (a malformed head, a body over the limit)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_connections: int = 512
+    max_body_bytes: int = 8 * 2**20
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    send_timeout_s: float = 10.0
+    keep_alive_s: float = 30.0
+    workers: int = 4
+
+
+class BadHead(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def http_date() -> str:
+    now = int(time.time())
+    if _DATE["second"] != now:
+        _DATE["text"] = formatdate(now, usegmt=True)
+        _DATE["second"] = now
+    return str(_DATE["text"])
+
+
+_STATUS_LINES: dict[int, str] = {}
+
+
+def encode(response: Response) -> bytes:
+    status = _STATUS_LINES.get(response.status)
+    if status is None:
+        status = f"HTTP/1.1 {response.status} {HTTPStatus(response.status).phrase}"
+        _STATUS_LINES[response.status] = status
+    lines = [
+        status,
+        f"Date: {http_date()}",
+        "Server: edgefleet-agent",
+        f"Content-Type: {response.content_type}",
+        f"Content-Length: {len(response.body)}",
+    ]
+    lines.extend(f"{key}: {value}" for key, value in response.headers.items())
+    if response.close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+
+
+def parse_head(data: bytes) -> Head:
+    """The request line and headers (without the blank line that ends them)."""
+    lines = data.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[1].startswith("/"):
+        raise BadHead(400, "malformed request line")
+    method, target, version = parts
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        raise BadHead(505, f"{version} is not supported; use HTTP/1.1")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise BadHead(431, f"more than {MAX_HEADERS} headers")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise BadHead(400, "malformed header line")
+        headers[name.lower()] = value.strip()
+    path, _, query = target.partition("?")
+    return Head(method, path, query, version, headers)
+
+
+def body_length(head: Head, max_body_bytes: int) -> int:
+    if "transfer-encoding" in head.headers:
+        raise BadHead(411, "chunked bodies are not accepted; send Content-Length")
+    text = head.headers.get("content-length")
+    if text is None:
+        if head.method in ("POST", "PUT", "PATCH"):
+            raise BadHead(411, "Content-Length is required")
+        return 0
+    if not text.isdigit():
+        raise BadHead(400, f"Content-Length {text[:32]!r} is not a number")
+    length = int(text)
+    if length > max_body_bytes:
+        raise BadHead(413, f"request body of {length} bytes exceeds the limit of {max_body_bytes} bytes")
+    return length
+
+
+def listen_tcp(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def listen_unix(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock

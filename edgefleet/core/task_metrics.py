@@ -1,0 +1,124 @@
+"""Task metrics as pure functions of (reference outputs, candidate outputs, labels) → score, higher is better.
+
+One implementation for both sides: the converter's registry (edgefleet.converter.metrics) names them and the
+device's golden check (edgefleet/core/golden_task.py) re-computes the bundle's recorded metric with them.
+Outputs are dicts of output name → values stacked over samples; the first output is the one judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from edgefleet.core import detections
+from edgefleet.core.sqnr_slices import worst_sqnr
+
+Outputs = Mapping[str, np.ndarray]
+ScoreFn = Callable[[Outputs, Outputs, "np.ndarray | None"], float]
+
+
+def first(outputs: Outputs) -> np.ndarray:
+    return next(iter(outputs.values()))
+
+
+def per_sample(values: np.ndarray) -> np.ndarray:
+    """[samples, ...] → [samples, features]."""
+    return values.reshape(len(values), -1)
+
+
+def _text(values: np.ndarray) -> np.ndarray:
+    return values.astype(str) if values.dtype.kind in "OS" else values
+
+
+def predicted(values: np.ndarray) -> np.ndarray:
+    """One class per sample: a label output (ids, or class names as strings) as it is, class scores by argmax."""
+    flat = per_sample(values)
+    if (np.issubdtype(values.dtype, np.integer) or values.dtype.kind in "OUS") and flat.shape[1] == 1:
+        return _text(flat[:, 0])
+    return flat.argmax(axis=1)
+
+
+def top1(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+    """Top-1 accuracy against the labels when given, else agreement with the reference's class."""
+    got = predicted(first(candidate))
+    want = _text(labels) if labels is not None else predicted(first(reference))
+    return float(np.mean(got == want))
+
+
+def top_k(k: int) -> ScoreFn:
+    if k < 1:
+        raise ValueError("top-k needs k >= 1")
+
+    def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+        scores = per_sample(first(candidate))
+        want = labels if labels is not None else predicted(first(reference))
+        best = np.argsort(-scores, axis=1)[:, :k]
+        return float(np.mean([w in row for w, row in zip(want, best, strict=True)]))
+
+    return fn
+
+
+def _classes(values: np.ndarray) -> np.ndarray:
+    return _text(values) if values.dtype.kind in "iuOUSb" else values.argmax(axis=-1)
+
+
+def per_position(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+    """Share of positions (timesteps, tokens) whose argmax (or id) matches the reference's."""
+    want, got = _classes(first(reference)), _classes(first(candidate))
+    if want.shape != got.shape:
+        return 0.0
+    return float(np.mean(want == got)) if want.size else 1.0
+
+
+def cosine(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+    """Mean over samples of the cosine similarity of the first output with the reference's."""
+    want, got = per_sample(first(reference)).astype(np.float64), per_sample(first(candidate)).astype(np.float64)
+    norms = np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1)
+    dots = np.sum(want * got, axis=1)
+    both_zero = norms == 0
+    return float(np.mean(np.where(both_zero, 1.0, dots / np.where(both_zero, 1.0, norms))))
+
+
+def prob_closeness(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+    """1 − the mean absolute difference of the first output (probabilities) from the reference's."""
+    diff = np.abs(first(candidate).astype(np.float64) - first(reference).astype(np.float64))
+    return 1.0 - float(np.mean(diff)) if diff.size else 1.0
+
+
+def mask_iou(threshold: float) -> ScoreFn:
+    def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+        want, got = first(reference) > threshold, first(candidate) > threshold
+        union = int(np.count_nonzero(want | got))
+        return 1.0 if union == 0 else float(np.count_nonzero(want & got)) / union
+
+    return fn
+
+
+def sqnr(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+    return worst_sqnr(candidate, reference)
+
+
+def device_metric(name: str, reference: Outputs) -> ScoreFn | str:
+    """The score function of a recorded metric name, or why a device cannot compute it (a user's file)."""
+    fixed: dict[str, ScoreFn] = {
+        "top1": top1, "argmax-agreement": top1, "per-position-agreement": per_position, "cosine": cosine,
+        "sqnr-db": sqnr, "prob-mae": prob_closeness,
+    }  # fmt: skip
+    if name in fixed:
+        return fixed[name]
+    if name == "detection-f1":
+        layout = detections.recognize(reference)
+        if layout is None:
+            return "no known detection layout among the golden reference outputs"
+        return lambda ref, cand, _labels: detections.f1(layout, ref, cand)
+    try:
+        if name.startswith("top") and name[3:].isdigit():
+            return top_k(int(name[3:]))
+        if name.startswith("mask-iou@"):
+            return mask_iou(float(name[len("mask-iou@") :]))
+    except ValueError as err:
+        return f"the metric {name!r} is malformed: {err}"
+    if ".py:" in name:
+        return f"{name} is a user's metric: its code is not shipped to devices"
+    return f"the metric {name!r} is unknown to this agent"
