@@ -13,31 +13,35 @@ import logging
 import platform
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 import onnxruntime as ort
 
+from edgefleet.converter import farm_choice
 from edgefleet.converter.accuracy import Budget, plan_metric
 from edgefleet.converter.cache import BuildCache
 from edgefleet.converter.candidates import Built
 from edgefleet.converter.context import Context, Progress
+from edgefleet.converter.farm_choice import Farm
 from edgefleet.converter.measure import ort_runner, predict
 from edgefleet.converter.model import SourceModel, load_model, tensor_spec
 from edgefleet.converter.passes import custom_ops as cops
 from edgefleet.converter.passes import web
-from edgefleet.converter.passes.custom_ops import Policy
 from edgefleet.converter.passes.graph import FixDimsConfig
+from edgefleet.converter.precision_holdout import accuracy_report, with_judgements
 from edgefleet.converter.prepare import opset_of
-from edgefleet.converter.search import ProfileSearch, search
+from edgefleet.converter.request import ConvertRequest, ProfileResult
+from edgefleet.converter.search import ProfileSearch, search, search_report
 from edgefleet.converter.targets import TargetStatus
 from edgefleet.core.bundle import describe_files, pack_bundle, sha256_file
+from edgefleet.core.drift_stats import build_reference
 from edgefleet.core.errors import ConversionError, DataError, UserInputError
 from edgefleet.core.golden import GoldenSet, argmax_agreement
 from edgefleet.core.manifest import (
-    AccuracyReport,
+    FarmReport,
     GoldenSpec,
     LatencyReport,
     Manifest,
@@ -46,63 +50,22 @@ from edgefleet.core.manifest import (
     WebOptions,
     parse_version,
 )
+from edgefleet.core.output_rules import derive_checks
 from edgefleet.core.profiles import HostFacts, Profile, Target
-from edgefleet.core.signing import SigningKey
 from edgefleet.core.tensors import Dataset, load_dataset
 
 log = logging.getLogger(__name__)
 
-GOLDEN_COUNT = 16
+GOLDEN_COUNT = 64  # at least this many golden samples when the evaluation set has them
+DRIFT_REFERENCE = "drift_reference.json"
 MODEL_PATH = "model/model.onnx"
 
 
-@dataclass(frozen=True)
-class ConvertRequest:
-    model: Path
-    profiles: list[Profile]
-    calib: Path
-    eval: Path
-    out: Path
-    key: SigningKey
-    name: str
-    version: str
-    max_drop: float | None = None  # overrides every profile's budget when set
-    threads: int = 1
-    min_sqnr_db: float | None = None  # overrides every profile's SQNR floor when set
-    pins: dict[str, str] = field(default_factory=dict)  # inputs declared constant: name → value (JSON number/list)
-    fix_dims: dict[str, int] = field(default_factory=dict)  # symbolic dimension name → value
-    input_shapes: dict[str, list[int]] = field(default_factory=dict)  # input name → fixed shape
-    runtimes: tuple[str, ...] | None = None  # only these runtimes' targets (None = every target)
-    cache_dir: Path | None = None  # content-addressed build cache; None = no cache
-    report: bool = True  # write <name>-<version>.report.json/.html and plots into out
-    custom_ops: Policy = "decompose"  # decompose known custom ops everywhere | host: keep them where loadable | keep
-    torch_model: Path | None = None  # CoreML targets: the user's torch model (.pt TorchScript / .pt2 torch.export)
-
-
-@dataclass
-class ProfileResult:
-    profile: str
-    bundle: str | None
-    bundle_id: str | None
-    recipe: str | None
-    accuracy: float | None
-    reference_accuracy: float
-    metric: str
-    latency_ms: float | None
-    size_bytes: int | None
-    candidates: list[dict[str, object]] = field(default_factory=list)
-    error: str | None = None
-    format: str | None = None
-    runtime: str | None = None
-    provider: str | None = None
-    measured: bool = False
-    notes: list[str] = field(default_factory=list)
-    passes: list[dict[str, object]] = field(default_factory=list)
-    worst_layers: dict[str, list[dict[str, object]]] = field(default_factory=dict)
-
-
-def convert(request: ConvertRequest, progress: Progress = lambda _msg: None) -> list[ProfileResult]:
-    """Build, measure and sign. User errors are raised before anything is written to `out`."""
+def convert(
+    request: ConvertRequest, progress: Progress = lambda _msg: None, farm: Farm | None = None
+) -> list[ProfileResult]:
+    """Build, measure and sign. User errors are raised before anything is written to `out`. With a `farm`, each
+    profile's gated candidates are measured on its devices and chosen by their figures (converter/farm_choice.py)."""
     try:
         parse_version(request.version)
     except ValueError as err:
@@ -119,9 +82,11 @@ def convert(request: ConvertRequest, progress: Progress = lambda _msg: None) -> 
     evaluation = load_dataset(request.eval, inputs, role="evaluation")
     _check_runs(source, pins, calib, "calibration")
     progress("reference: running the FP32 source model on the evaluation set")
-    reference = predict(_with_pins(ort_runner(source.path, request.threads), pins), evaluation)
-    plan = plan_metric(reference, evaluation.labels)
+    reference = predict(_with_pins(ort_runner(source.runnable, request.threads), pins), evaluation)
+    plan = plan_metric(reference, evaluation.labels, request.metric)
     ref_value = _reference_value(reference, evaluation, plan)
+    if plan.note:
+        progress(f"metric {plan.name}: {plan.note}")
     request.out.mkdir(parents=True, exist_ok=True)
     results: list[ProfileResult] = []
     with tempfile.TemporaryDirectory(prefix=".edgefleet-convert-", dir=request.out) as tmp:
@@ -142,12 +107,13 @@ def convert(request: ConvertRequest, progress: Progress = lambda _msg: None) -> 
             progress=progress,
             custom_op_policy=request.custom_ops,
             torch_model=request.torch_model,
+            deadline=time.monotonic() + request.time_budget_s if request.time_budget_s else None,
         )
         facts = HostFacts.probe(f for p in request.profiles for f in p.match.files)
         providers = frozenset(ort.get_available_providers())
         for index, profile in enumerate(request.profiles, 1):
             progress(f"[{index}/{len(request.profiles)}] {profile.name}")
-            results.append(_convert_profile(request, ctx, profile, facts, providers))
+            results.append(_convert_profile(request, ctx, profile, facts, providers, farm))
         if request.report:
             from edgefleet.converter.report import write_report
 
@@ -180,7 +146,7 @@ def _with_pins(runner, pins: dict[str, np.ndarray]):  # type: ignore[no-untyped-
 
 def _check_runs(source: SourceModel, pins: dict[str, np.ndarray], data: Dataset, role: str) -> None:
     """The first sample must run through the source model: catches shapes that only the graph constrains."""
-    runner = _with_pins(ort_runner(source.path), pins)
+    runner = _with_pins(ort_runner(source.runnable), pins)
     try:
         runner(data.sample(0))
     except Exception as err:  # onnxruntime's own errors on bad shapes / dtypes
@@ -198,11 +164,17 @@ def _budget(request: ConvertRequest, profile: Profile) -> Budget:
     return Budget(
         max_drop=request.max_drop if request.max_drop is not None else profile.accuracy_budget.max_drop,
         min_sqnr_db=request.min_sqnr_db if request.min_sqnr_db is not None else profile.accuracy_budget.min_sqnr_db,
+        min_score=request.min_score,
     )
 
 
 def _convert_profile(
-    request: ConvertRequest, ctx: Context, profile: Profile, facts: HostFacts, providers: frozenset[str]
+    request: ConvertRequest,
+    ctx: Context,
+    profile: Profile,
+    facts: HostFacts,
+    providers: frozenset[str],
+    farm: Farm | None = None,
 ) -> ProfileResult:
     budget = _budget(request, profile)
     if request.runtimes is not None:
@@ -212,10 +184,14 @@ def _convert_profile(
             return _failed(ctx, profile, f"no target with runtimes {list(request.runtimes)} (profile has {skipped})")
         profile = profile.model_copy(update={"targets": kept})
     try:
-        found = search(ctx, profile, budget, facts, providers)
+        found = search(ctx, profile, budget, facts, providers, prune=farm is None and request.prune)
     except ConversionError as err:
         return _failed(ctx, profile, str(err))
     assert found.choice is not None
+    on_devices = None
+    if farm is not None:
+        on_devices = farm_choice.choose_on_devices(ctx, found, budget, farm, lambda b, t, s: _write_bundle(
+            request, ctx, profile, t, s, b, found, budget, benchmark_only=True))  # fmt: skip
     chosen = found.choice.chosen
     report = [_candidate_dict(c) for c in ([chosen] if chosen else []) + found.choice.rejected]
     winner = found.winner()
@@ -231,10 +207,12 @@ def _convert_profile(
     result = ProfileResult(
         profile.name, None, None, chosen.name, chosen.accuracy, ctx.ref_value, ctx.plan.name, chosen.latency_ms,
         chosen.size_bytes, report, format=target.format, runtime=target.runtime, provider=chosen.provider,
-        measured=status.measurable, notes=found.notes, passes=[p.model_dump() for p in built.passes],
-        worst_layers=found.layer_reports,
+        measured=status.measurable or on_devices is not None, notes=found.notes,
+        passes=[p.model_dump() for p in built.passes], worst_layers=found.layer_reports,
+        farm=on_devices.model_dump(mode="json") if on_devices else None,
+        head_to_head=found.head_to_head.as_dict() if found.head_to_head and on_devices is None else None,
     )  # fmt: skip
-    bundle_path, bundle_id = _write_bundle(request, ctx, profile, target, status, built, found, budget)
+    bundle_path, bundle_id = _write_bundle(request, ctx, profile, target, status, built, found, budget, on_devices)
     result.bundle, result.bundle_id = str(bundle_path), bundle_id
     return result
 
@@ -258,16 +236,19 @@ def _write_bundle(
     built: Built,
     found: ProfileSearch,
     budget: Budget,
+    on_devices: FarmReport | None = None,
+    benchmark_only: bool = False,
 ) -> tuple[Path, str]:
+    """Sign `built` as the profile's bundle, or as a benchmark-only candidate for the devices to measure."""
     assert built.outputs is not None and built.score is not None and built.prepared.model is not None
     evaluation, reference = ctx.evaluation, ctx.reference
     count = min(GOLDEN_COUNT, len(evaluation))
     golden = GoldenSet(
         inputs=evaluation.head(count),
-        reference={k: v[:count] for k, v in reference.items()},
-        expected={k: v[:count] for k, v in built.outputs.items()},
+        reference={k: _plain(v[:count]) for k, v in reference.items()},
+        expected={k: _plain(v[:count]) for k, v in built.outputs.items()},
     )
-    staging = ctx.work / f"bundle-{profile.name}"
+    staging = ctx.work / (f"candidate-{profile.name}-{built.spec.name}" if benchmark_only else f"bundle-{profile.name}")
     staging.mkdir()
     golden_path = staging / "golden.npz"
     golden.save(golden_path)
@@ -286,7 +267,17 @@ def _write_bundle(
     # TensorRT engines and CoreML run their own kernels (TF32/FP16 tactics) against this host's proxy outputs.
     exact = built.spec.precision == "fp32" and target.format not in ("onnx-tensorrt", "coreml")
     tolerance = (1e-3 if exact else 5e-2) * scale
-    golden_spec = GoldenSpec(count=count, max_abs_error=tolerance, min_agreement=max(0.0, host_agreement - 1.0 / count))
+    checks = derive_checks(golden.reference, golden.expected, tolerance)  # rule + tolerances per output kind
+    golden_spec = GoldenSpec(
+        count=count, max_abs_error=tolerance, min_agreement=max(0.0, host_agreement - 1.0 / count), outputs=checks
+    )
+    drift = build_reference(
+        {k: np.concatenate([ctx.calib.inputs[k], v]) for k, v in evaluation.inputs.items()},
+        built.outputs,
+        {check.output: check.rule for check in checks},
+    )
+    (staging / DRIFT_REFERENCE).write_text(drift.model_dump_json(), "utf-8")
+    sources[DRIFT_REFERENCE] = staging / DRIFT_REFERENCE
     web_options = None
     if target.runtime == "onnxruntime-web":
         web.write_golden_json(golden, golden_spec, staging / web.GOLDEN_JSON)
@@ -295,7 +286,7 @@ def _write_bundle(
             golden_json=web.GOLDEN_JSON, ort_format=built.spec.ort_format, onnxruntime_web=web.ORT_WEB_VERSION
         )
     artifact_sha = hashlib.sha256(b"".join(sha256_file(p).encode() for _, p in sorted(sources.items()))).hexdigest()
-    bundle_id = f"{request.name}-{request.version}-{profile.name}-{artifact_sha[:8]}"
+    bundle_id = f"{request.name}-{request.version}-{profile.name}-{artifact_sha[:8]}" + "-bench" * benchmark_only
     stats = found.latencies.get(built.spec.name)
     prepared = built.prepared.model
     initializers = {init.name for init in prepared.graph.initializer}
@@ -320,32 +311,38 @@ def _write_bundle(
         inputs=[tensor_spec(v) for v in prepared.graph.input if v.name not in initializers],
         outputs=ctx.source.outputs,
         files=describe_files(sources),
-        accuracy=AccuracyReport(
-            metric=ctx.plan.name,
-            value=built.score.value,
-            reference=ctx.ref_value,
-            budget=budget.allowed_drop(ctx.plan.name, ctx.ref_value),
-            samples=len(evaluation),
-            passed=True,
-        ),
-        latency=LatencyReport(
+        accuracy=accuracy_report(ctx, built, budget, len(evaluation)),
+        latency=farm_choice.latency_report(on_devices, found.choice.chosen, target.runtime)
+        if on_devices and found.choice and found.choice.chosen
+        else LatencyReport(
             median_ms=stats.median_ms,
             p90_ms=stats.p90_ms,
             runtime=target.runtime,
             provider=target.providers[0],
-            threads=request.threads,
+            threads=found.threads[0] if found.threads else request.threads,
             machine=_machine(),
         )
         if stats and status.measurable
         else None,
+        farm=on_devices,
+        benchmark_only=benchmark_only,
         golden=golden_spec,
         source_sha256=ctx.source.sha256,
         tensorrt=built.tensorrt,
         web=web_options,
+        class_labels=ctx.source.class_labels,
+        search=with_judgements(search_report(ctx, found, budget, built.spec.name), (b for b, *_ in found.built)),
+        drift_reference=DRIFT_REFERENCE,
     )
     out_path = request.out / f"{request.name}-{request.version}-{profile.name}.bundle"
+    out_path = staging.with_suffix(".bundle") if benchmark_only else out_path  # a candidate is published, not kept
     pack_bundle(out_path, manifest, sources, request.key)
     return out_path, bundle_id
+
+
+def _plain(values: np.ndarray) -> np.ndarray:
+    """String outputs (class names) come from onnxruntime as object arrays, which only pickle: store unicode."""
+    return values.astype(str) if values.dtype == object else values
 
 
 def _machine() -> str:

@@ -63,10 +63,20 @@ class BuildCache:
             return None
         return CachedBuild(entry, meta, outputs)
 
-    def put(self, key: str, files: dict[str, Path], meta: dict[str, Any], outputs: dict[str, np.ndarray]) -> None:
-        """Write into a temporary directory then rename, so a crash never leaves half an entry."""
+    def put(
+        self,
+        key: str,
+        files: dict[str, Path],
+        meta: dict[str, Any],
+        outputs: dict[str, np.ndarray],
+        *,
+        replace: bool = False,
+    ) -> None:
+        """Write into a temporary directory then rename, so a crash never leaves half an entry. `replace`: an
+        entry stored before its evaluation finished gets its outputs (files are copied first: they may be the
+        old entry's own)."""
         final = self.root / key[:2] / key
-        if final.exists():
+        if final.exists() and not replace:
             return
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=final.parent))
@@ -77,6 +87,8 @@ class BuildCache:
             (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True), "utf-8")
             with (tmp / "outputs.npz").open("wb") as handle:
                 np.savez(handle, **outputs)  # type: ignore[arg-type]
+            if final.exists():
+                shutil.rmtree(final)
             os.replace(tmp, final)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -18,29 +18,39 @@ from typing import Literal
 import numpy as np
 import onnx
 
+from edgefleet.converter import large_model, phases
 from edgefleet.converter.accuracy import Budget, Score
 from edgefleet.converter.cache import cache_key
+from edgefleet.converter.candidate_formats import (
+    COREML_PACKAGE,
+    MODEL_DIR,
+    finish_web,
+    graph_inputs,
+    make_coreml,
+    make_tensorrt,
+)
 from edgefleet.converter.context import Context
 from edgefleet.converter.measure import Runner, openvino_runner, ort_runner, predict
 from edgefleet.converter.passes import coreml as cml
 from edgefleet.converter.passes import openvino as ovp
 from edgefleet.converter.passes import precision as prec
 from edgefleet.converter.passes import tensorrt as trt
-from edgefleet.converter.passes import web
+from edgefleet.converter.precision_holdout import Judgement
+from edgefleet.converter.precision_nncf import MixedNNCFConfig, quantize_mixed
 from edgefleet.converter.prepare import Prepared
+from edgefleet.converter.pruning import Pruned, Pruner, TimedRunner
 from edgefleet.core.errors import ConversionError
-from edgefleet.core.manifest import PassRecord, TensorRTOptions, TensorSpec
+from edgefleet.core.manifest import PassRecord, TensorRTOptions
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["ort-fp32", "ort-fp16", "ort-int8-dynamic", "ort-int8-static", "ov", "ov-nncf", "coreml", "trt"]
+Kind = Literal[
+    "ort-fp32", "ort-fp16", "ort-int8-dynamic", "ort-int8-static", "ov", "ov-nncf", "ov-nncf-accuracy", "coreml", "trt"
+]  # fmt: skip
 Config = (
     prec.StaticConfig | prec.DynamicConfig | prec.Fp16Config | ovp.NNCFConfig | cml.CoreMLConfig | trt.TensorRTConfig
-    | None
+    | MixedNNCFConfig | None
 )  # fmt: skip
-MODEL_DIR = "model"
-COREML_PACKAGE = f"{MODEL_DIR}/model.mlpackage"
-TORCH_MATCH_TOLERANCE = 1e-3  # onnx2torch's module vs ONNX Runtime, relative to the largest output magnitude
 
 
 @dataclass(frozen=True)
@@ -58,7 +68,7 @@ class Spec:
 
     @property
     def needs_calibration(self) -> bool:
-        return self.kind in ("ort-int8-static", "ov-nncf") or (
+        return self.kind in ("ort-int8-static", "ov-nncf", "ov-nncf-accuracy") or (
             isinstance(self.config, trt.TensorRTConfig) and self.config.precision == "int8-static"
         )
 
@@ -79,6 +89,9 @@ class Built:
     tensorrt: TensorRTOptions | None = None  # what the bundle tells the device's TensorRT EP
     notes: list[str] = field(default_factory=list)
     torch_model: Path | None = None  # CoreML: the user's torch model (else onnx2torch's module of the graph)
+    eval_ms: list[float] = field(default_factory=list)  # per-sample times of the accuracy evaluation
+    pruned: bool = False  # stopped during evaluation: it cannot beat a candidate inside the budget
+    judged: Judgement | None = None  # mixed precision: the evaluation split that judged it (None: the whole set)
 
     @property
     def size_bytes(self) -> int:
@@ -115,22 +128,25 @@ class Built:
         return ort_runner(self.proxy or self.model_file, threads, self.spec.run_on)
 
 
-def graph_inputs(model: onnx.ModelProto) -> list[TensorSpec]:
-    from edgefleet.converter.model import tensor_spec
-
-    initializers = {init.name for init in model.graph.initializer}
-    return [tensor_spec(v) for v in model.graph.input if v.name not in initializers]
-
-
 def _config_params(spec: Spec) -> dict[str, str | int | float | bool | list[str] | None]:
     if spec.config is None:
         return {}
-    if isinstance(spec.config, prec.StaticConfig | ovp.NNCFConfig | cml.CoreMLConfig | trt.TensorRTConfig):
+    if not isinstance(spec.config, prec.DynamicConfig | prec.Fp16Config):  # the others say what they record
         return spec.config.params()
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(spec.config).items()}
 
 
-def build(ctx: Context, prepared: Prepared, spec: Spec, budget: Budget) -> Built:
+def build(
+    ctx: Context,
+    prepared: Prepared,
+    spec: Spec,
+    budget: Budget,
+    *,
+    threads: int | None = None,
+    pruner: Pruner | None = None,
+) -> Built:
+    """Build, evaluate (at `threads`, recording each sample's time) and gate one candidate. With a `pruner`, the
+    evaluation stops as soon as the candidate cannot beat one already inside the budget (see converter.pruning)."""
     assert prepared.model is not None
     parts = {
         "prepared": prepared.sha,
@@ -152,45 +168,72 @@ def build(ctx: Context, prepared: Prepared, spec: Spec, budget: Budget) -> Built
         if cached is not None:
             built.files = {name: cached.file(name) for name in cached.meta["files"]}
             built.passes += [PassRecord.model_validate(p) for p in cached.meta["passes"]]
-            built.outputs, built.cached = cached.outputs, True
             built.notes = list(cached.meta.get("notes", []))
             if cached.meta.get("proxy"):
                 built.proxy = cached.file(cached.meta["proxy"])
             if cached.meta.get("tensorrt"):
                 built.tensorrt = TensorRTOptions.model_validate(cached.meta["tensorrt"])
         else:
-            _check_suited(prepared.model, spec)
-            _make(ctx, prepared.model, spec, built, directory)
-            built.outputs = predict(built.runner(ctx.threads, list(ctx.reference)), ctx.evaluation)
-            if ctx.cache:
-                meta = {
-                    "files": list(built.files),
-                    "passes": [p.model_dump() for p in built.passes[len(prepared.passes) :]],
-                    "notes": built.notes,
-                    "proxy": PROXY_NAME if built.proxy else None,
-                    "tensorrt": built.tensorrt.model_dump() if built.tensorrt else None,
-                }
-                stored = dict(built.files) | ({PROXY_NAME: built.proxy} if built.proxy else {})
-                ctx.cache.put(key, stored, meta, built.outputs)
+            _check_suited(prepared.model, spec, ctx.source.large)
+            with phases.phase("quantize" if spec.kind in QUANTIZING_KINDS or spec.needs_calibration else "export"):
+                _make(ctx, prepared.model, spec, built, directory)
+        if cached is not None and cached.meta.get("evaluated", True):
+            built.outputs, built.cached = cached.outputs, True
+        else:  # built now, or a cached build whose evaluation a pruner stopped in an earlier run
+            try:
+                with phases.phase("accuracy"):
+                    timed = TimedRunner(built.runner(threads or ctx.threads, list(ctx.reference)), pruner)
+                    try:
+                        built.outputs = predict(timed, ctx.evaluation)
+                    finally:
+                        built.eval_ms = timed.samples_ms
+            except Pruned:
+                if cached is None:  # keep the build: another run may have other bounds
+                    _store(ctx, key, built, {})
+                raise
+            _store(ctx, key, built, built.outputs, replace=cached is not None)
     except ConversionError as err:
         built.error = str(err)
+        built.pruned = isinstance(err, Pruned)
         log.info("candidate %s failed: %s", spec.name, err)
-        ctx.memo[key] = built
+        if not built.pruned:  # another profile's search has other bounds
+            ctx.memo[key] = built
         return built
-    built.score = ctx.score(built.outputs)
+    with phases.phase("accuracy"):
+        built.score = ctx.score(built.outputs)
     built.gate = ctx.gate(built.score, budget)
     ctx.memo[key] = built
     return built
 
 
+def _store(ctx: Context, key: str, built: Built, outputs: dict[str, np.ndarray], *, replace: bool = False) -> None:
+    """Into the build cache: the artifacts, and the outputs on the evaluation set once they are known."""
+    if not ctx.cache:
+        return
+    meta = {
+        "files": list(built.files),
+        "passes": [p.model_dump() for p in built.passes[len(built.prepared.passes) :]],
+        "notes": built.notes,
+        "proxy": PROXY_NAME if built.proxy else None,
+        "tensorrt": built.tensorrt.model_dump() if built.tensorrt else None,
+        "evaluated": bool(outputs),
+    }
+    stored = dict(built.files) | ({PROXY_NAME: built.proxy} if built.proxy else {})
+    ctx.cache.put(key, stored, meta, outputs, replace=replace)
+
+
 PROXY_NAME = "proxy/model.onnx"
-QUANTIZING_KINDS = ("ort-int8-dynamic", "ort-int8-static", "ov-nncf")
+QUANTIZING_KINDS = ("ort-int8-dynamic", "ort-int8-static", "ov-nncf", "ov-nncf-accuracy")
 
 
-def _check_suited(model: onnx.ModelProto, spec: Spec) -> None:
+def _check_suited(model: onnx.ModelProto, spec: Spec, large: bool = False) -> None:
     """INT8 quantizers run the model in their own sessions, which cannot load custom operators."""
     from edgefleet.converter.passes.custom_ops import custom_ops
 
+    if large:
+        why = large_model.refusal(spec.kind, spec.runtime, spec.format)
+        if why:
+            raise ConversionError(why)
     if spec.kind in QUANTIZING_KINDS or (spec.kind == "trt" and spec.needs_calibration):
         kept = [op.key for op in custom_ops(model)]
         if kept:
@@ -203,13 +246,21 @@ def _check_suited(model: onnx.ModelProto, spec: Spec) -> None:
 def _make(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
     params = _config_params(spec)
     if spec.kind == "coreml":
-        _make_coreml(ctx, model, spec, built, directory)
+        make_coreml(ctx, model, spec, built, directory)
         return
     if spec.kind == "trt":
-        _make_tensorrt(ctx, model, spec, built, directory)
+        make_tensorrt(ctx, model, spec, built, directory)
         return
-    if spec.kind in ("ov", "ov-nncf"):
-        artifact = ovp.export_openvino(model, ovp.OpenVINOConfig(spec.hint, spec.compress_to_fp16))  # type: ignore[arg-type]
+    if spec.kind in ("ov", "ov-nncf", "ov-nncf-accuracy"):
+        if ctx.source.large:
+            config = ovp.OpenVINOConfig(spec.hint, spec.compress_to_fp16)  # type: ignore[arg-type]
+            artifact = large_model.openvino(ctx.source.path, config)
+        else:
+            artifact = _openvino_model(ctx, model, spec)
+        if isinstance(spec.config, MixedNNCFConfig):
+            artifact, record, note = quantize_mixed(ctx, artifact, spec.config, built.prepared.sha)
+            built.passes.append(record)
+            built.notes.append(note)
         if spec.kind == "ov-nncf":
             assert isinstance(spec.config, ovp.NNCFConfig)
             artifact = ovp.quantize_nncf(artifact, spec.config, ctx.calib)
@@ -227,6 +278,9 @@ def _make(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built, direct
         xml = directory / "model.xml"
         artifact.save(xml)
         built.files = {"model/model.xml": xml, "model/model.bin": xml.with_suffix(".bin")}
+        return
+    if ctx.source.large:  # converter/large_model.py: the file and its external data as exported
+        built.files = large_model.stage(ctx.source.path, model, directory)
         return
     if spec.kind == "ort-fp32":
         out = model
@@ -247,93 +301,20 @@ def _make(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built, direct
         built.qdq_model = out
         built.passes.append(PassRecord(name="int8-static-qdq", params=params | {"calibration_samples": len(ctx.calib)}))
     if spec.runtime == "onnxruntime-web":
-        _finish_web(out, spec, built, directory)
+        finish_web(out, spec, built, directory)
         return
     path = directory / "model.onnx"
     onnx.save(out, str(path))
     built.files = {f"{MODEL_DIR}/model.onnx": path}
 
 
-def _finish_web(model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
-    """onnxruntime-web: operators checked against the WASM EP, IR capped, optionally the ORT format."""
-    out = web.for_web(model)
-    path = directory / "model.onnx"
-    onnx.save(out, str(path))
-    built.passes.append(
-        PassRecord(
-            name="web-check",
-            params={"onnxruntime_web": web.ORT_WEB_VERSION, "wasm_ops": "ok", "ir_version": int(out.ir_version)},
-        )
-    )
-    if not spec.ort_format:
-        built.files = {f"{MODEL_DIR}/model.onnx": path}
-        return
-    ort_path = directory / "model.ort"
-    web.to_ort_format(path, ort_path)
-    built.passes.append(PassRecord(name="ort-format", params={"optimization": "basic"}))
-    built.files = {f"{MODEL_DIR}/model.ort": ort_path}
-
-
-def _make_tensorrt(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
-    """The FP32 graph as shipped, the EP options, the INT8 calibration table, and the CPU proxy."""
-    assert isinstance(spec.config, trt.TensorRTConfig)
-    config = spec.config
-    path = directory / "model.onnx"
-    onnx.save(model, str(path))
-    built.files = {f"{MODEL_DIR}/model.onnx": path}
-    table_rel = None
-    if config.precision == "int8-static":
-        table = trt.write_calibration_table(model, ctx.calib, directory / "calibration", config.max_samples)
-        table_rel = f"{MODEL_DIR}/{trt.CALIBRATION_TABLE}"
-        built.files[table_rel] = table
-        built.passes.append(
-            PassRecord(
-                name="tensorrt-calibration-table",
-                params={"method": "minmax", "symmetric": True, "samples": min(len(ctx.calib), config.max_samples)},
-            )
-        )
-    built.tensorrt = config.options(table_rel)
-    built.passes.append(PassRecord(name="tensorrt-ep-options", params=config.params()))
-    lacking = trt.unsupported_ops(model)
-    if lacking:
-        built.notes.append(
-            f"TensorRT's ONNX parser cannot take {', '.join(lacking)}: those nodes run on the CUDA/CPU EPs"
-        )
-    proxy = trt.proxy_model(model, config, ctx.calib)
-    if proxy is not model:
-        built.proxy = directory / "proxy.onnx"
-        onnx.save(proxy, str(built.proxy))
-
-
-def _make_coreml(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
-    """ONNX → onnx2torch (checked against ONNX Runtime on the evaluation set) → ML Program package."""
-    from importlib.metadata import version
-
-    assert isinstance(spec.config, cml.CoreMLConfig)
-    source = ctx.torch_model
-    module = cml.load_torch_model(source) if source else cml.to_torch(model)
-    what = f"the torch model {source.name}" if source else "onnx2torch's module"
-    inputs = graph_inputs(model)
-    outputs = list(ctx.reference)
-    exact = predict(cml.torch_runner(module, inputs, outputs, cml.CoreMLConfig(precision="fp32")), ctx.evaluation)
-    scale = max([1.0] + [float(np.max(np.abs(v))) for v in ctx.reference.values() if v.size])
-    diff = max(float(np.max(np.abs(exact[k].astype(np.float64) - v))) for k, v in ctx.reference.items())
-    if diff > TORCH_MATCH_TOLERANCE * scale:
-        raise ConversionError(f"{what} differs from ONNX Runtime by {diff:.3g} on the evaluation set")
-    params: dict[str, str | int | float | bool | list[str] | None] = {
-        "torch": version("torch"),
-        "max_abs_vs_onnxruntime": diff,
-    }
-    if source:
-        params |= {"file": source.name, "sha256": ctx.data_sha.get("torch", "")}
-    built.passes.append(PassRecord(name="torch-model" if source else "onnx2torch", params=params))
-    package = directory / "model.mlpackage"
-    cml.export_mlpackage(module, inputs, outputs, ctx.evaluation.sample(0), spec.config, package)
-    cml.check_package(package, inputs, outputs, ctx.evaluation.sample(0))
-    built.passes.append(PassRecord(name="coreml-mlprogram", params=spec.config.params()))
-    built.files = cml.package_files(package, COREML_PACKAGE)
-    if not spec.run_on.startswith("coreml:"):
-        emulated = {"fp32": "FP32", "fp16": "FP16 compute emulated", "int8-weights": "FP16, int8 weights emulated"}
-        built.notes.append(
-            f"CoreML predicts only on macOS: accuracy from {what} in torch ({emulated[spec.config.precision]})"
-        )
+def _openvino_model(ctx: Context, model: onnx.ModelProto, spec: Spec) -> ovp.OpenVINOArtifact:
+    """The prepared graph converted to OpenVINO once per conversion; each candidate gets its own clone."""
+    key = f"openvino-model:{id(model)}"
+    held = ctx.memo.get(key)
+    if held is None or held[0] is not model:
+        with phases.phase("export"):
+            held = (model, ovp.export_openvino(model, ovp.OpenVINOConfig(None)))
+        ctx.memo[key] = held
+    converted: ovp.OpenVINOArtifact = held[1]
+    return ovp.OpenVINOArtifact(converted.model.clone(), spec.hint, spec.compress_to_fp16)

@@ -37,6 +37,12 @@ class Context:
     memo: dict[str, Any] = field(default_factory=dict)  # prepared models and built candidates, by key
     custom_op_policy: Policy = "decompose"  # converter.passes.custom_ops: where custom ops are decomposed
     torch_model: Path | None = None  # the user's torch model for CoreML, instead of onnx2torch's conversion
+    deadline: float | None = None  # time.monotonic() after which the search builds no more retries
+
+    def out_of_time(self) -> bool:
+        import time
+
+        return self.deadline is not None and time.monotonic() > self.deadline
 
     def score(self, outputs: dict[str, np.ndarray]) -> Score:
         return score(outputs, self.reference, self.evaluation.labels, self.plan)

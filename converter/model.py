@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -11,10 +11,9 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from edgefleet.core.bundle import sha256_file
+from edgefleet.core.custom_op_packages import STANDARD_DOMAINS
 from edgefleet.core.errors import ModelError
-from edgefleet.core.manifest import TensorSpec
-
-STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training"})
+from edgefleet.core.manifest import PassRecord, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -25,6 +24,14 @@ class SourceModel:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     opset: dict[str, int]
+    passes: list[PassRecord] = field(default_factory=list)  # recorded rewrites made when loading (normalize)
+    class_labels: dict[str, list[str | int]] = field(default_factory=dict)  # output → its columns' classes
+    large: bool = False  # over protobuf's limit: `proto` holds the graph without its external data (large_model.py)
+
+    @property
+    def runnable(self) -> Path | onnx.ModelProto:
+        """What a runtime should load to run the source as the converter sees it (rewritten or the file)."""
+        return self.proto if self.passes and not self.large else self.path
 
     @property
     def custom_domains(self) -> dict[str, int]:
@@ -53,19 +60,34 @@ def tensor_spec(value_info: onnx.ValueInfoProto) -> TensorSpec:
 
 def load_model(path: Path) -> SourceModel:
     """Read and check an ONNX file; ModelError with one clear sentence if it is not usable."""
+    from edgefleet.converter.large_model import check_locations
+    from edgefleet.converter.normalize import check_size, is_large, normalize
+
     if not path.is_file():
         raise ModelError(f"model file {path} not found")
     try:
-        proto = onnx.load(str(path))
+        check_size(path)
+        large = is_large(path)  # weights in external data beyond protobuf's limit: the graph alone is read
+        proto = onnx.load(str(path), load_external_data=not large)
     except (DecodeError, ValueError, RuntimeError, OSError) as err:
         raise ModelError(f"{path} is not an ONNX model (cannot parse protobuf: {err})") from err
     if not proto.graph.node or not proto.opset_import:
         raise ModelError(f"{path} is not an ONNX model (no graph nodes or no opset import)")
+    if large:
+        check_locations(path, proto)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(str(path) if large else proto)
     except onnx.checker.ValidationError as err:
         first = str(err).strip().splitlines()[0]
         raise ModelError(f"{path} is not a valid ONNX model: {first}") from err
+    normalized = normalize(proto)
+    proto = normalized.proto
+    if large and normalized.passes:
+        rewrites = ", ".join(f"{p.name} {p.params}" for p in normalized.passes)
+        raise ModelError(
+            f"{path.name} is over protobuf's 2 GiB limit with its external data, so it is converted as exported, "
+            f"but it needs rewrites first ({rewrites}): export it with tensor outputs and positive or symbolic dims"
+        )
     initializers = {init.name for init in proto.graph.initializer}
     return SourceModel(
         path=path,
@@ -74,6 +96,9 @@ def load_model(path: Path) -> SourceModel:
         inputs=[tensor_spec(v) for v in proto.graph.input if v.name not in initializers],
         outputs=[tensor_spec(v) for v in proto.graph.output],
         opset={(imp.domain or ""): int(imp.version) for imp in proto.opset_import},
+        passes=normalized.passes,
+        class_labels=normalized.class_labels,
+        large=large,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from edgefleet.converter import phases
 from edgefleet.converter.accuracy import Budget
 from edgefleet.converter.context import Context
 from edgefleet.converter.measure import ort_runner, predict
@@ -73,7 +74,9 @@ def _prepare(
     ctx: Context, opset_min: int, opset_max: int, static: bool, budget: Budget, decompose: tuple[str, ...]
 ) -> Prepared:
     model = ctx.source.proto
-    done = Prepared(model, decomposed=decompose)
+    if ctx.source.large:  # converter/large_model.py: the graph as exported, run from its path
+        return _prepare_large(ctx, model, static, decompose)
+    done = Prepared(model, passes=list(ctx.source.passes), decomposed=decompose)
     if decompose:
         # Mandatory when asked for (the target cannot load the op), so a failure or a miss of the gate ends here.
         try:
@@ -127,31 +130,100 @@ def _prepare(
         ("remove-redundant", graph.remove_redundant),
         ("shape-inference", graph.infer_shapes),
     ]
-    for name, step in steps:
-        try:
-            candidate = step(model)
-            outputs = predict(ort_runner(candidate, ctx.threads), ctx.evaluation)
-        except ConversionError as err:
-            done.notes.append(f"{name} skipped: {err}")
-            continue
-        result = ctx.score(outputs)
-        reason = ctx.gate(result, budget)
-        if reason is None and result.sqnr_db < GRAPH_PASS_MIN_SQNR_DB:
-            reason = f"SQNR {result.sqnr_db:.1f} dB under {GRAPH_PASS_MIN_SQNR_DB:.0f} dB for an FP32 graph pass"
-        if reason:
-            done.notes.append(f"{name} dropped by the accuracy gate: {reason}")
-            continue
-        before, after = len(model.graph.node), len(candidate.graph.node)
-        model = candidate
-        done.passes.append(
-            PassRecord(
-                name=name,
-                params={"nodes_before": before, "nodes_after": after, "sqnr_db": round(result.sqnr_db, 2)},
-            )
-        )
+    with phases.phase("prepare"):
+        chained = _all_steps(ctx, model, steps, budget, done)
+        if chained is not None:
+            model = chained
+        else:  # some step moves the outputs: gate each on its own to find and drop it
+            for name, step in steps:
+                model = _one_step(ctx, model, name, step, budget, done)
     done.model = model
     log.info("prepared model: %s", [p.name for p in done.passes])
     return done
+
+
+def _gate_reason(ctx: Context, model: onnx.ModelProto, budget: Budget) -> tuple[str | None, float]:
+    result = ctx.score(predict(ort_runner(model, ctx.threads), ctx.evaluation))
+    reason = ctx.gate(result, budget)
+    if reason is None and result.sqnr_db < GRAPH_PASS_MIN_SQNR_DB:
+        reason = f"SQNR {result.sqnr_db:.1f} dB under {GRAPH_PASS_MIN_SQNR_DB:.0f} dB for an FP32 graph pass"
+    return reason, result.sqnr_db
+
+
+def _all_steps(
+    ctx: Context,
+    model: onnx.ModelProto,
+    steps: list[tuple[str, Callable[[onnx.ModelProto], onnx.ModelProto]]],
+    budget: Budget,
+    done: Prepared,
+) -> onnx.ModelProto | None:
+    """Every step chained, then one gate on the result (the same gate each step would face, on the model that
+    ships); None when the chain misses it. A step that fails on its own is skipped, as in the one-by-one path."""
+    records: list[tuple[str, int, int]] = []
+    notes: list[str] = []
+    for name, step in steps:
+        try:
+            candidate = step(model)
+        except ConversionError as err:
+            notes.append(f"{name} skipped: {err}")
+            continue
+        records.append((name, len(model.graph.node), len(candidate.graph.node)))
+        model = candidate
+    try:
+        reason, sqnr = _gate_reason(ctx, model, budget)
+    except ConversionError:
+        return None
+    if reason:
+        return None
+    done.notes.extend(notes)
+    done.passes.extend(
+        PassRecord(name=name, params={"nodes_before": before, "nodes_after": after, "sqnr_db": round(sqnr, 2)})
+        for name, before, after in records
+    )
+    return model
+
+
+def _one_step(
+    ctx: Context,
+    model: onnx.ModelProto,
+    name: str,
+    step: Callable[[onnx.ModelProto], onnx.ModelProto],
+    budget: Budget,
+    done: Prepared,
+) -> onnx.ModelProto:
+    try:
+        candidate = step(model)
+        reason, sqnr = _gate_reason(ctx, candidate, budget)
+    except ConversionError as err:
+        done.notes.append(f"{name} skipped: {err}")
+        return model
+    if reason:
+        done.notes.append(f"{name} dropped by the accuracy gate: {reason}")
+        return model
+    before, after = len(model.graph.node), len(candidate.graph.node)
+    done.passes.append(
+        PassRecord(name=name, params={"nodes_before": before, "nodes_after": after, "sqnr_db": round(sqnr, 2)})
+    )
+    return candidate
+
+
+def _prepare_large(ctx: Context, model: onnx.ModelProto, static: bool, decompose: tuple[str, ...]) -> Prepared:
+    """A model over protobuf's limit takes no graph pass (each serializes the whole model): the ones a target
+    needs are refused, naming them."""
+    needed = [
+        what
+        for what, asked in (
+            ("pinned inputs", bool(ctx.pins)), ("fixed dims", bool(ctx.user_dims.dims or ctx.user_dims.shapes)),
+            ("static shapes", static and bool(dynamic_inputs(model))), ("custom-op decomposition", bool(decompose)),
+        )
+        if asked
+    ]  # fmt: skip
+    if needed:
+        return Prepared(
+            None, error=f"the model is over protobuf's 2 GiB limit: {', '.join(needed)} would rewrite it as one "
+            "protobuf; it is converted as exported only",
+        )  # fmt: skip
+    return Prepared(model, notes=["graph passes skipped: the model is over protobuf's 2 GiB limit (run from its path)"])
 
 
 def opset_of(model: onnx.ModelProto) -> dict[str, int]:

@@ -33,6 +33,7 @@ class Candidate:
     max_abs: float | None = None
     p90_ms: float | None = None
     order: int = 0  # position in the profile's preference order (targets, then precisions)
+    bar: float | None = None  # the floor on the data that judged it (None: the evaluation set's, `choose`'s)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ def choose(candidates: list[Candidate], *, reference: float, max_drop: float, si
     eligible: list[Candidate] = []
     rejected: list[Candidate] = []
     for cand in candidates:
-        reason = _disqualification(cand, floor, reference, max_drop, size_limit_bytes)
+        own = floor if cand.bar is None else cand.bar  # judged on a held-out split: the bar on that split
+        reason = _disqualification(cand, own, own + max_drop, max_drop, size_limit_bytes)
         if reason:
             rejected.append(replace(cand, rejected=reason))
         else:
@@ -84,7 +86,7 @@ def choose(candidates: list[Candidate], *, reference: float, max_drop: float, si
 
 def _disqualification(cand: Candidate, floor: float, reference: float, max_drop: float, size_limit: int) -> str:
     if cand.error:
-        return cand.error if cand.error.startswith("not suited") else f"failed: {cand.error}"
+        return cand.error if cand.error.startswith(("not suited", "pruned")) else f"failed: {cand.error}"
     if cand.accuracy is None:
         return "not measured"
     if cand.gate:

@@ -93,6 +93,39 @@ def _cell(value: Any, digits: int = 4) -> str:
     return html.escape(str(value))
 
 
+def _farm_table(farm: dict[str, Any]) -> str:
+    """`--measure-on`: the chosen recipe as each device measured it, and when."""
+    head = ["device", "profile", "provider", "threads", "CPU share", "p50 ms", "p90 ms", "p99 ms", "load ms", "at"]
+    keys = ["device_id", "profile", "provider", "threads", "cpu_share", "p50_ms", "p90_ms", "p99_ms", "load_ms"]
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{_cell(d.get(k))}</td>" for k in keys) + f"<td>{_cell(d.get('measured_at'))}</td></tr>"
+        for d in farm.get("devices", [])
+    )
+    caption = f"<p>measured on the devices: {html.escape(str(farm.get('statistic', '')))}</p>"
+    header = "".join(f"<th>{h}</th>" for h in head)
+    return f"{caption}<table><tr>{header}</tr>{rows}</table>"
+
+
+def _head_to_head_table(h2h: dict[str, Any]) -> str:
+    """The finalists re-timed together before the choice (converter.head_to_head), and the decision."""
+    caption = (
+        f"<p>head to head: {h2h['rounds']} interleaved rounds at {h2h['threads']} thread(s), order rotated, each "
+        f"block after the other runtime's threads went quiet and {h2h['warmup_runs']} untimed runs; chosen "
+        f"<b>{html.escape(str(h2h['chosen']))}</b>: {html.escape(str(h2h['why']))} (tie-break: "
+        f"{html.escape(str(h2h['tie_break']))})</p>"
+    )
+    head = ["finalist", "runtime", "precision", "size KB", "timing phase ms", "head to head ms", "runs/round",
+            "round medians ms"]  # fmt: skip
+    rows = "".join(
+        f"<tr{' class=win' if f['name'] == h2h['chosen'] else ''}><td>{_cell(f['name'])}</td><td>{_cell(f['runtime'])}"
+        f"</td><td>{_cell(f['precision'])}</td><td>{_cell(f['size_bytes'] / 1e3, 1)}</td>"
+        f"<td>{_cell(f['timing_phase_median_ms'])}</td><td>{_cell(f['median_ms'])}</td><td>{_cell(f['runs_per_round'])}"
+        f"</td><td>{html.escape(', '.join(f'{v:.3g}' for v in f['round_medians_ms']))}</td></tr>"
+        for f in h2h["finalists"]
+    )
+    return caption + "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{rows}</table>"
+
+
 def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -112,6 +145,10 @@ def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
         parts.append(f"<h2>{html.escape(profile['profile'])}</h2><p>{verdict}</p>")
         if profile["notes"]:
             parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in profile["notes"]) + "</ul>")
+        if profile.get("farm"):
+            parts.append(_farm_table(profile["farm"]))
+        if profile.get("head_to_head"):
+            parts.append(_head_to_head_table(profile["head_to_head"]))
         if profile["profile"] in plots:
             parts.append(f"<img src='{html.escape(plots[profile['profile']])}' alt='latency vs accuracy'>")
         if profile["candidates"]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgefleet.converter.passes import coreml, custom_ops, graph, openvino, precision, tensorrt, web
+from edgefleet.converter.passes import coreml, custom_ops, graph, nncf_accuracy, openvino, precision, tensorrt, web
 from edgefleet.converter.passes.ort import PassResult, optimize_portable
 
 __all__ = ["PASSES", "PassInfo", "PassResult", "optimize_portable"]
@@ -64,6 +64,10 @@ PASSES: dict[str, PassInfo] = {
                  openvino.export_openvino, ("openvino",), ("openvino",), ("fp32", "fp16")),
         PassInfo("nncf-int8", "precision", "NNCF post-training INT8 on the OpenVINO model",
                  openvino.quantize_nncf, ("nncf", "openvino"), ("openvino",), ("int8-static",),
+                 needs_calibration=True),
+        PassInfo("nncf-int8-accuracy-control", "precision", "NNCF INT8 with the layers that cost the task metric "
+                 "most put back into float until it meets the bar (quantize_with_accuracy_control)",
+                 nncf_accuracy.quantize_with_accuracy_control, ("nncf", "openvino"), ("openvino",), ("int8-static",),
                  needs_calibration=True),
         PassInfo("decompose-custom-ops", "graph", "known custom ops inlined as standard-op ONNX functions",
                  custom_ops.decompose, ("onnx",), _ANY),

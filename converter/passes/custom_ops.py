@@ -5,139 +5,42 @@ A custom op ties a model to the runtimes that implement it, so standard ops are 
 decomposition exists the converter inlines it (an ONNX function in standard ops, gated against the FP32
 reference like every graph pass), unless the policy says to keep custom ops on targets that can load them.
 
-Implementations and decompositions come from *custom-op packages*: Python modules named in the
-`EDGEFLEET_CUSTOM_OPS` environment variable (file paths or module names, separated by the OS path separator) or
-registered under the `edgefleet.custom_ops` entry-point group. A package exposes `EDGEFLEET_CUSTOM_OPS`, a list
-of operator definitions with these attributes (models/custom_op/swish_op.py is the worked example):
-
-    domain, op_type, since_version        the operator as the model names it
-    inputs, outputs                       element types: "float", "double", "int64", "int32", "bool", ...
-    attributes                            name → "float" | "int64" | "string"
-    compute(*inputs, **attributes)        numpy implementation (run through onnxruntime-extensions)
-    decomposition(opset) -> FunctionProto optional: the same operator in standard ONNX ops
-    library                               optional: file name of a compiled custom-op library implementing it
+Implementations and decompositions come from *custom-op packages* (edgefleet/core/custom_op_packages.py documents
+the format; models/custom_op/swish_op.py is the worked example).
 
 A few ONNX Runtime contrib ops (com.microsoft Gelu, BiasGelu, QuickGelu) have built-in decompositions.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import importlib.util
 import logging
-import os
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import onnx
 import onnx.inliner
 from onnx import helper
 
 from edgefleet.converter.model import STANDARD_DOMAINS, walk_nodes
-from edgefleet.core.errors import ConversionError, UserInputError
+from edgefleet.core import custom_op_packages as op_packages
+from edgefleet.core.custom_op_packages import ENV_VAR, LIBRARY_ENV_VAR, OpDefinition, ort_native_ops
+from edgefleet.core.errors import ConversionError
 from edgefleet.core.manifest import CustomOp
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = "EDGEFLEET_CUSTOM_OPS"
-LIBRARY_ENV_VAR = "EDGEFLEET_CUSTOM_OP_LIBS"  # directories holding compiled custom-op libraries
-ENTRY_POINT_GROUP = "edgefleet.custom_ops"
-CONTRIB_DOMAIN = "ai.onnx.contrib"  # where onnxruntime-extensions registers Python ops
 Policy = Literal["decompose", "host", "keep"]
 POLICIES: tuple[Policy, ...] = ("decompose", "host", "keep")
 MIN_FUNCTION_OPSET = 12  # Constant(value_float) with an attribute reference
-
-
-@dataclass(frozen=True)
-class OpPackageEntry:
-    """One operator definition from a custom-op package, validated."""
-
-    domain: str
-    op_type: str
-    since_version: int
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attributes: Mapping[str, str]
-    compute: Callable[..., Any] | None
-    decomposition: Callable[[int], onnx.FunctionProto] | None
-    library: str | None
-    origin: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.domain}::{self.op_type}"
-
-
-def _entry(obj: Any, origin: str) -> OpPackageEntry:
-    try:
-        domain, op_type, version = str(obj.domain), str(obj.op_type), int(getattr(obj, "since_version", 1))
-    except AttributeError as err:
-        raise UserInputError(f"custom-op package {origin}: {obj!r} lacks {err.name}") from err
-    if not domain or domain in STANDARD_DOMAINS:
-        raise UserInputError(f"custom-op package {origin}: {op_type} must live in its own domain, not {domain!r}")
-    return OpPackageEntry(
-        domain=domain,
-        op_type=op_type,
-        since_version=version,
-        inputs=tuple(getattr(obj, "inputs", ("float",))),
-        outputs=tuple(getattr(obj, "outputs", ("float",))),
-        attributes=dict(getattr(obj, "attributes", {})),
-        compute=getattr(obj, "compute", None),
-        decomposition=getattr(obj, "decomposition", None),
-        library=getattr(obj, "library", None),
-        origin=origin,
-    )
-
-
-def _import(spec: str) -> Any:
-    path = Path(spec)
-    if path.suffix == ".py":
-        if not path.is_file():
-            raise UserInputError(f"custom-op package {spec} not found (from ${ENV_VAR})")
-        name = f"edgefleet_custom_ops_{abs(hash(str(path.resolve())))}"
-        loader = importlib.util.spec_from_file_location(name, path)
-        if loader is None or loader.loader is None:
-            raise UserInputError(f"cannot import custom-op package {spec}")
-        module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)
-        return module
-    try:
-        return importlib.import_module(spec)
-    except ImportError as err:
-        raise UserInputError(f"cannot import custom-op package {spec!r} (from ${ENV_VAR}): {err}") from err
-
-
-def _sources() -> list[tuple[str, Callable[[], Any]]]:
-    found: list[tuple[str, Callable[[], Any]]] = []
-    for spec in filter(None, os.environ.get(ENV_VAR, "").split(os.pathsep)):
-        found.append((spec, lambda spec=spec: _import(spec)))  # type: ignore[misc]
-    for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.append((f"entry point {point.name}", point.load))
-    return found
-
-
-_PACKAGES: dict[tuple[str, ...], dict[str, OpPackageEntry]] = {}
+OpPackageEntry = OpDefinition
 
 
 def packages() -> dict[str, OpPackageEntry]:
-    """Every operator the configured custom-op packages define, by `domain::op_type` (imported once)."""
-    sources = _sources()
-    key = tuple(name for name, _ in sources)
-    if key not in _PACKAGES:
-        ops: dict[str, OpPackageEntry] = {}
-        for name, load in sources:
-            module = load()
-            definitions = getattr(module, "EDGEFLEET_CUSTOM_OPS", module)
-            for obj in definitions if isinstance(definitions, list | tuple) else [definitions]:
-                entry = _entry(obj, name)
-                ops.setdefault(entry.key, entry)
-        _PACKAGES[key] = ops
-    return _PACKAGES[key]
+    """Every operator the configured custom-op packages define, by `domain::op_type` (imported once); a package
+    that cannot be imported is a user error."""
+    return op_packages.load_definitions(strict=True)
 
 
 # --- what the model holds -----------------------------------------------------------------------------------
@@ -158,15 +61,6 @@ def custom_ops(model: onnx.ModelProto) -> list[CustomOp]:
             domain=domain, op_type=node.op_type, version=opsets.get(domain, 0), library=entry.library if entry else None
         )
     return sorted(found.values(), key=lambda op: op.key)
-
-
-@cache
-def ort_native_ops() -> frozenset[tuple[str, str]]:
-    """(domain, op) pairs ONNX Runtime's CPU EP implements in non-standard domains (com.microsoft, ...)."""
-    from onnxruntime.capi import _pybind_state
-
-    kernels: list[Any] = getattr(_pybind_state, "get_all_opkernel_def", list)()
-    return frozenset((k.domain, k.op_name) for k in kernels if k.domain not in STANDARD_DOMAINS)
 
 
 def hosts_custom_ops(runtime: str, bundle_format: str) -> bool:
@@ -307,19 +201,7 @@ def plan(ops: Iterable[CustomOp], policy: Policy, runtime: str, bundle_format: s
 
 # --- running models that hold custom ops on this host ---------------------------------------------------------
 
-_PYOP_TYPES = {
-    "float": "dt_float", "float32": "dt_float", "double": "dt_double", "float64": "dt_double",
-    "float16": "dt_float16", "int64": "dt_int64", "int32": "dt_int32", "uint8": "dt_uint8", "int8": "dt_int8",
-    "bool": "dt_bool", "string": "dt_string",
-}  # fmt: skip
-_REGISTERED: set[str] = set()
-_LOCK = threading.Lock()
-
-
-def contrib_name(key: str) -> str:
-    """The op type a package op is registered under in ai.onnx.contrib (unique across domains)."""
-    domain, op_type = key.split("::", 1)
-    return f"{domain.replace('.', '_')}__{op_type}"
+contrib_name = op_packages.contrib_name
 
 
 def _register_python_ops(entries: Iterable[OpPackageEntry]) -> str:
@@ -330,39 +212,22 @@ def _register_python_ops(entries: Iterable[OpPackageEntry]) -> str:
         raise ConversionError(
             "running Python custom ops needs onnxruntime-extensions (pip install onnxruntime-extensions)"
         ) from err
-    with _LOCK:
-        for entry in entries:
-            name = contrib_name(entry.key)
-            if name in _REGISTERED or entry.compute is None:
-                continue
-            types = [getattr(ext.PyOp, _PYOP_TYPES[t]) for t in entry.inputs]
-            outs = [getattr(ext.PyOp, _PYOP_TYPES[t]) for t in entry.outputs]
-            attrs = {k: getattr(ext.PyOp, _PYOP_TYPES[v]) for k, v in entry.attributes.items()}
-            ext.onnx_op(op_type=name, inputs=types, outputs=outs, attrs=attrs)(entry.compute)
-            _REGISTERED.add(name)
-    return str(ext.get_library_path())
+    return op_packages.register_python_ops(entries, ext)
 
 
 def rename_to_contrib(model: onnx.ModelProto, keys: Iterable[str]) -> onnx.ModelProto:
     """A copy whose listed custom ops are addressed as onnxruntime-extensions registers them."""
     from edgefleet.converter.passes.graph import copy_model
 
-    wanted = set(keys)
     out = copy_model(model)
-    for node, _ in walk_nodes(out.graph):
-        key = f"{node.domain}::{node.op_type}"
-        if key in wanted:
-            node.domain, node.op_type = CONTRIB_DOMAIN, contrib_name(key)
-    if wanted and not any(imp.domain == CONTRIB_DOMAIN for imp in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    op_packages.rename_to_contrib(out, keys)
     _drop_unused_domains(out)
     return out
 
 
-def host_session_source(model: onnx.ModelProto) -> tuple[bytes, list[str]]:
-    """(model bytes, custom-op libraries to register) so that ONNX Runtime on this host runs `model`.
-
-    ConversionError names the ops nothing here implements."""
+def _implementations(model: onnx.ModelProto) -> tuple[list[OpDefinition], list[str]]:
+    """(Python ops to register, custom-op library paths) for the model's custom ops on this host; ConversionError
+    names the ops nothing here implements."""
     known = packages()
     native = ort_native_ops()
     python, libraries, missing = [], [], []
@@ -381,17 +246,40 @@ def host_session_source(model: onnx.ModelProto) -> tuple[bytes, list[str]]:
             f"custom operators {', '.join(missing)} have no implementation on this host: name their custom-op "
             f"package in ${ENV_VAR} (see models/custom_op/README.md)"
         )
-    paths = [find_library(name) for name in dict.fromkeys(libraries)]
+    return python, [find_library(name) for name in dict.fromkeys(libraries)]
+
+
+def host_session_source(model: onnx.ModelProto) -> tuple[bytes, list[str]]:
+    """(model bytes, custom-op libraries to register) so that ONNX Runtime on this host runs `model`.
+
+    ConversionError names the ops nothing here implements."""
+    python, paths = _implementations(model)
     if not python:
         return model.SerializeToString(), paths
     library = _register_python_ops(python)
     return rename_to_contrib(model, [e.key for e in python]).SerializeToString(), [library, *paths]
 
 
+def host_session_path(model_path: Path, work_dir: Path) -> tuple[str, list[str]]:
+    """As host_session_source for a model file with external data, which is run from its path: the renamed copy
+    is written into `work_dir` with its external data beside it (edgefleet/core/custom_op_copy.py)."""
+    from edgefleet.core.custom_op_copy import renamed_copy
+
+    python, paths = _implementations(onnx.load(str(model_path), load_external_data=False))
+    if not python:
+        return str(model_path), paths
+    library = _register_python_ops(python)
+    try:
+        copy = renamed_copy(onnx, model_path, [e.key for e in python], work_dir)
+    except op_packages.CustomOpPackageError as err:
+        raise ConversionError(str(err)) from err
+    return str(copy), [library, *paths]
+
+
 def find_library(name: str) -> str:
     """A compiled custom-op library by file name, from the directories in $EDGEFLEET_CUSTOM_OP_LIBS."""
-    folders = [Path(d) for d in os.environ.get(LIBRARY_ENV_VAR, "").split(os.pathsep) if d]
-    for folder in folders:
-        if (folder / name).is_file():
-            return str(folder / name)
-    raise ConversionError(f"custom-op library {name} not found in ${LIBRARY_ENV_VAR} ({[str(f) for f in folders]})")
+    found = op_packages.find_library(name)
+    if found is None:
+        folders = [str(f) for f in op_packages.library_dirs()]
+        raise ConversionError(f"custom-op library {name} not found in ${LIBRARY_ENV_VAR} ({folders})")
+    return str(found)

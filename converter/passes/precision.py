@@ -195,10 +195,20 @@ def prepare_for_quantization(model: onnx.ModelProto, work: Path) -> Path:
     return prepared
 
 
+QDQ_MIN_OPSET = 13  # older DequantizeLinear cannot take the int32 biases ORT's QDQ quantizer writes
+
+
+def _at_least_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    from edgefleet.converter.passes.graph import OpsetConfig, convert_opset, default_opset
+
+    return convert_opset(model, OpsetConfig(opset)) if 0 < default_opset(model) < opset else model
+
+
 def quantize_int8_static(model: onnx.ModelProto, config: StaticConfig, calibration: Dataset) -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     _require_default_opset(model, "INT8 static quantization")
+    model = _at_least_opset(model, QDQ_MIN_OPSET)
     method = {
         "minmax": CalibrationMethod.MinMax,
         "percentile": CalibrationMethod.Percentile,
@@ -268,6 +278,7 @@ def layer_report(
         modify_model_output_intermediate_tensors,
     )
 
+    float_model = _at_least_opset(float_model, QDQ_MIN_OPSET)  # as quantize_int8_static saw it: same node names
     with tempfile.TemporaryDirectory(prefix="edgefleet-dbg-") as tmp:
         work = Path(tmp)
         prepared = prepare_for_quantization(float_model, work)

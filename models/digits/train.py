@@ -165,7 +165,9 @@ def save_npz(path: Path, data: Split) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path(__file__).resolve().parents[2] / "edgefleet" / "demo_assets"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=30)
     args = parser.parse_args()

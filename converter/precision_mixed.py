@@ -1,0 +1,196 @@
+"""Mixed precision for a quantized candidate that misses the task bar: keep only the layers that cost the score
+in float, and keep the fastest variant that meets the bar.
+
+- OpenVINO: NNCF's quantize_with_accuracy_control driven by the task metric (converter.precision_nncf), with the
+  float layers at bf16 inference precision first where the CPU computes bf16 natively and the target lists
+  bf16, then at the target's own hint.
+- ONNX Runtime: layers ranked by their local error (converter.passes.quantize_local, worst SQNR first; each
+  layer the group of nodes that keeps its inputs in float), the float set grown and then bisected
+  (converter.precision_search), each count one build confirmed by the task metric.
+
+Both choose on the selection part of the evaluation set and the variant they settle on is judged once, on the
+held-out part (converter.precision_holdout); with too few evaluation samples to split, neither is tried.
+Every build is yielded for the report; the search's caller stops at the first that meets the bar, so the
+variants that met it with more layers in float are noted, not yielded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import replace
+
+import onnx
+
+from edgefleet.converter import phases
+from edgefleet.converter.accuracy import Budget
+from edgefleet.converter.candidates import Built, build
+from edgefleet.converter.context import Context
+from edgefleet.converter.heads import PLUMBING
+from edgefleet.converter.passes import precision as prec
+from edgefleet.converter.passes.quantize_local import local_report
+from edgefleet.converter.precision_holdout import on_held_out, on_selection, part, selection_bar, split_of
+from edgefleet.converter.precision_nncf import MixedNNCFConfig
+from edgefleet.converter.precision_search import search_float_set
+from edgefleet.converter.prepare import Prepared
+from edgefleet.core.errors import ConversionError
+
+MAX_RANKED = 64  # layers the ORT exclusion search may put back into float
+Reports = dict[str, list[dict[str, object]]]  # the report's worst layers, by prepared model
+RANK_SAMPLES = 8  # calibration samples the per-layer ranking runs (qdq_loss_debug holds every activation of each)
+
+
+def mixed_attempts(
+    ctx: Context,
+    prepared: Prepared,
+    first: Built,
+    base: str,
+    budget: Budget,
+    notes: list[str],
+    layer_reports: dict[str, list[dict[str, object]]],
+    bf16: bool,
+) -> Iterator[Built]:
+    """Mixed-precision variants of `first` (a quantized candidate that missed the bar), failing ones first."""
+    if first.spec.kind not in ("ov-nncf", "ort-int8-static"):
+        return
+    split = split_of(ctx)
+    if split.refused:
+        notes.append(f"{first.spec.name}: {split.refused}")
+        return
+    notes.append(f"{first.spec.name}: mixed precision chooses its float layers on the selection split and is "
+                 f"judged on the held-out split: {split.describe()}")  # fmt: skip
+    if first.spec.kind == "ov-nncf":
+        yield from _nncf(ctx, prepared, first, base, budget, notes, bf16)
+    elif first.spec.kind == "ort-int8-static":
+        yield from _ort(ctx, prepared, first, base, budget, notes, layer_reports)
+
+
+def _nncf(
+    ctx: Context, prepared: Prepared, first: Built, base: str, budget: Budget, notes: list[str], bf16: bool
+) -> Iterator[Built]:
+    config = MixedNNCFConfig(metric=ctx.plan.name, bar=selection_bar(ctx, budget),
+                             selection_samples=len(part(ctx, "selection").indices))  # fmt: skip
+    hints = (["bf16"] if bf16 and first.spec.hint != "bf16" else []) + [first.spec.hint]
+    for hint in hints:
+        suffix = "-bf16" if hint == "bf16" else ""
+        spec = replace(first.spec, name=f"{base}-int8-nncf-accuracy{suffix}", kind="ov-nncf-accuracy", config=config,
+                       hint=hint)  # fmt: skip
+        ctx.progress(f"NNCF accuracy control: INT8 with the layers that cost {ctx.plan.name} in float"
+                     + (" (bf16)" if suffix else ""))  # fmt: skip
+        built, passed = on_selection(ctx, build(ctx, prepared, spec, budget), budget)
+        if passed:  # the variant NNCF's selection settled on: judged once, held out, whatever the verdict
+            yield _held_out(ctx, built, budget, notes)
+            return
+        yield built
+        if ctx.out_of_time():
+            return
+
+
+def _ort(
+    ctx: Context,
+    prepared: Prepared,
+    first: Built,
+    base: str,
+    budget: Budget,
+    notes: list[str],
+    layer_reports: dict[str, list[dict[str, object]]],
+) -> Iterator[Built]:
+    assert isinstance(first.spec.config, prec.StaticConfig)
+    config = first.spec.config
+    ranked = ranked_layers(ctx, prepared, first, notes, layer_reports)
+    if not ranked:
+        return
+
+    def try_count(count: int) -> tuple[Built, bool]:
+        names = tuple(dict.fromkeys(name for layer in ranked[:count] for name in layer))
+        spec = replace(first.spec, name=f"{base}-int8-static-float{count}",
+                       config=dataclasses.replace(config, exclude_nodes=names))  # fmt: skip
+        ctx.progress(f"INT8 with the {count} worst of {len(ranked)} ranked layers in float ({len(names)} nodes)")
+        return on_selection(ctx, build(ctx, prepared, spec, budget), budget)
+
+    found = search_float_set(len(ranked), try_count, ctx.out_of_time)
+    tried = ", ".join(f"{t.count}: {'meets' if t.passed else 'misses'}" for t in found.trials)
+    tried += " on the selection split"
+    notes.append(f"ORT exclusion search over {len(ranked)} ranked layers, {len(found.trials)} builds ({tried})"
+                 + (f"; {found.stopped}" if found.stopped else ""))  # fmt: skip
+    for trial in found.failed:
+        if trial.passed:
+            best = found.best.result.spec.name  # type: ignore[union-attr]
+            notes.append(f"{trial.result.spec.name}: met the bar on the selection split; dropped for {best} "
+                         "(fewer layers in float)")  # fmt: skip
+        else:
+            yield trial.result
+    if found.best is not None:  # the smallest float set that met the bar on the selection split, judged held out
+        yield _held_out(ctx, found.best.result, budget, notes)
+
+
+def _held_out(ctx: Context, selected: Built, budget: Budget, notes: list[str]) -> Built:
+    """The variant a search settled on, judged on the held-out split; the report's notes say how it fared."""
+    judged = on_held_out(ctx, selected, budget)
+    if judged.judged is not None and judged.score is not None:
+        verdict = "meets the bar" if judged.gate is None else "misses the bar: refused"
+        notes.append(f"{judged.spec.name}: {ctx.plan.name} {judged.score.value:.4f} on the "
+                     f"{judged.judged.describe()}; {verdict}")  # fmt: skip
+    return judged
+
+
+def ranked_layers(
+    ctx: Context, prepared: Prepared, first: Built, notes: list[str], layer_reports: Reports
+) -> list[tuple[str, ...]]:
+    """Quantized layers worst first by their local error (converter.passes.quantize_local: each node run on the
+    float model's inputs, so an early layer that breaks ranks first, not the downstream layers it disturbs),
+    each as the node names ONNX Runtime must exclude to take its inputs out of INT8. Where the local report
+    cannot be made, qdq_loss_debug's accumulated error ranks them instead (each layer its own node)."""
+    key = f"ranked:{prepared.sha}:{first.spec.name}"
+    if key not in ctx.memo:
+        assert prepared.model is not None
+        try:
+            qdq = first.qdq_model or prec.quantize_int8_static(prepared.model, first.spec.config, ctx.calib)  # type: ignore[arg-type]
+        except ConversionError as err:
+            notes.append(f"per-layer report unavailable: {err}")
+            ctx.memo[key] = []
+        else:
+            ctx.memo[key] = _rank_local(ctx, prepared, qdq, notes, layer_reports)
+    ranked: list[tuple[str, ...]] = ctx.memo[key]
+    return ranked
+
+
+def _rank_local(
+    ctx: Context, prepared: Prepared, qdq: onnx.ModelProto, notes: list[str], reports: Reports
+) -> list[tuple[str, ...]]:
+    assert prepared.model is not None
+    try:
+        with phases.phase("layer-report"):  # a ranking, not a gate: a few samples order the layers
+            local = local_report(prepared.model, qdq, ctx.calib, samples=RANK_SAMPLES)[:MAX_RANKED]
+    except ConversionError as err:
+        notes.append(f"local per-layer report unavailable ({err}): ranked by accumulated error instead")
+        return _rank_accumulated(ctx, prepared, qdq, notes, reports)
+    reports[prepared.sha[:12]] = [
+        {"node": w.node, "op_type": w.op_type, "local_sqnr_db": round(w.sqnr_db, 2), "float_group": list(w.group)}
+        for w in local
+    ]
+    notes.append(
+        "quantized layers with the worst local error (SQNR dB, on float inputs): "
+        + ", ".join(f"{w.node} {w.sqnr_db:.1f}" for w in local[:5])
+    )
+    return list(dict.fromkeys(w.group for w in local))
+
+
+def _rank_accumulated(
+    ctx: Context, prepared: Prepared, qdq: onnx.ModelProto, notes: list[str], reports: Reports
+) -> list[tuple[str, ...]]:
+    """qdq_loss_debug's ranking: each activation's error against the float model's, accumulated from upstream."""
+    assert prepared.model is not None
+    try:
+        with phases.phase("layer-report"):
+            report = prec.layer_report(prepared.model, qdq, ctx.calib, samples=RANK_SAMPLES)
+    except ConversionError as err:
+        notes.append(f"per-layer report unavailable: {err}")
+        return []
+    # Shape plumbing (Reshape, Transpose, ...) only carries its input's quantization: rank compute layers.
+    worst = [w for w in report.worst(len(report.layers)) if w.node and w.op_type not in PLUMBING][:MAX_RANKED]
+    reports[prepared.sha[:12]] = [
+        {"node": w.node, "op_type": w.op_type, "tensor": w.tensor, "sqnr_db": round(w.sqnr_db, 2)} for w in worst
+    ]
+    notes.append("worst quantized layers (SQNR dB): " + ", ".join(f"{w.node} {w.sqnr_db:.1f}" for w in worst[:5]))
+    return list(dict.fromkeys((w.node,) for w in worst))
