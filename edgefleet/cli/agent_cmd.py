@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from edgefleet.agent import quality
 from edgefleet.agent.config import AgentConfig
 from edgefleet.agent.selection import Policy
 from edgefleet.agent.service import ServiceConfig
@@ -29,16 +30,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         action="append",
         default=[],
-        help="trusted public key file or directory (default STATE_DIR/trusted)",
+        help="pinned root public key (root.pub) or a directory of them (default STATE_DIR/trusted)",
     )
+    parser.add_argument("--keyset", type=Path, default=None, help="a root-signed keyset.json to start from (optional)")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX)
     parser.add_argument("--protocol", choices=["auto", "3.1.1", "5"], default="auto")
     parser.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between telemetry reports")
-    parser.add_argument("--threads", type=int, default=0, help="inference threads (0: runtime default)")
+    parser.add_argument("--threads", type=int, default=0, help="inference threads (0: the bundle's or measured)")
+    parser.add_argument(
+        "--max-bytes-per-s", type=int, default=None, help="byte-rate cap of this device's link (paid links)"
+    )
     add_tls(parser)
     parser.add_argument("--health-interval", type=float, default=30.0, help="seconds between health checks")
     parser.add_argument("--no-rollback", action="store_true", help="report an unhealthy bundle but keep it")
     parser.add_argument("--spool-max", type=int, default=10_000, help="telemetry/events kept while offline")
+    quality.add_arguments(parser)
+    parser.add_argument(
+        "--benchmark-max-cpu-share", type=float, default=0.5,
+        help="the most of this device's cores a host's benchmark request may use while serving goes on "
+        "(0 refuses them)",
+    )  # fmt: skip
     api = parser.add_argument_group("local inference API (HTTP on loopback or a Unix socket)")
     api.add_argument("--http-port", type=int, default=8470, help="loopback TCP port (0: pick a free one)")
     api.add_argument("--http-socket", type=Path, default=None, help="serve on this Unix socket instead of TCP")
@@ -81,11 +92,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_agent(args: argparse.Namespace) -> None:
-    from edgefleet.agent import custom_ops
-    from edgefleet.agent.daemon import Agent
+    from edgefleet.agent import ort_distribution
 
     if args.verbose == 0:
         logging.getLogger().setLevel(logging.INFO)  # a daemon's log is its record of what it refused
+    runtime = ort_distribution.require()  # before anything imports onnxruntime: a clear refusal, not a traceback
+    logging.getLogger("edgefleet.agent").info("ONNX Runtime: %s", runtime)
+
+    from edgefleet.agent import custom_ops
+    from edgefleet.agent.daemon import Agent
+
     try:
         config = _config(args)
     except ValidationError as err:
@@ -106,13 +122,17 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         profile=args.profile,
         groups=args.group,
         trust=args.trust,
+        keyset=args.keyset,
         prefix=args.prefix,
         protocol=args.protocol,
         telemetry_interval_s=args.telemetry_interval,
         threads=args.threads,
+        max_bytes_per_s=args.max_bytes_per_s,
         health_interval_s=args.health_interval,
         rollback_on_failure=not args.no_rollback,
         spool_max_records=args.spool_max,
+        quality=quality.config_from(args),
+        benchmark_max_cpu_share=args.benchmark_max_cpu_share,
         tls_ca=args.ca,
         tls_cert=args.cert,
         tls_key=args.key,

@@ -13,16 +13,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from edgefleet.core.home import edgefleet_home as edgefleet_home  # re-exported for the commands
+from edgefleet.core.home import keys_dir
 from edgefleet.core.mqtt import Connection, TlsFiles
 from edgefleet.core.topics import DEFAULT_PREFIX, Topics
 
 
-def edgefleet_home() -> Path:
-    return Path(os.environ.get("EDGEFLEET_HOME", Path.home() / ".edgefleet"))
-
-
 def default_key() -> Path:
-    return edgefleet_home() / "keys" / "signing.key"
+    """The converter's bundle-role key (see `edgefleet keys init`)."""
+    return keys_dir() / "bundle.key"
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:
@@ -88,12 +87,15 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
 
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title)
+    from edgefleet.core.untrusted import safe_text
+
+    table = Table(title=Text(safe_text(title)))
     for column in columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(*("-" if cell is None else str(cell) for cell in row))
+    for row in rows:  # cells may hold device strings: Text is never parsed as markup, safe_text strips controls
+        table.add_row(*(Text("-" if cell is None else safe_text(cell)) for cell in row))
     # Piped output gets a wide table rather than rich's 80-column default with truncated cells.
     Console(width=shutil.get_terminal_size((220, 24)).columns).print(table)
 

@@ -44,12 +44,14 @@ def default_store() -> str:
 
 def add_store(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--store", default=default_store(), help="control-plane store URL, sqlite:///PATH (env EDGEFLEET_STORE)"
+        "--store",
+        default=default_store(),
+        help="store URL, sqlite:///PATH or postgresql://USER@HOST/DB (env EDGEFLEET_STORE)",
     )
 
 
 def open_from(args: argparse.Namespace) -> Store:
-    from edgefleet.control.store import open_store
+    from edgefleet.control.store_open import open_store
 
     return open_store(args.store)
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from edgefleet.cli.common import add_json, default_key, edgefleet_home, fmt, print_json, print_table
+from edgefleet.cli.convert_farm import add_farm_options, farm_from, print_farm
 from edgefleet.core.errors import ConversionError, UserInputError
 from edgefleet.core.profiles import get_profile, load_profiles
 from edgefleet.core.signing import SigningKey
@@ -19,11 +20,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--calib", type=Path, required=True, help=".npz calibration data (one key per input)")
     parser.add_argument("--eval", type=Path, required=True, help=".npz evaluation data, optional 'labels'")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--key", type=Path, default=None, help="signing key (default $EDGEFLEET_HOME/keys/signing.key)")
+    parser.add_argument("--key", type=Path, default=None, help="bundle key (default $EDGEFLEET_HOME/keys/bundle.key)")
     parser.add_argument("--name", default=None, help="model name (default: from the file name)")
     parser.add_argument("--model-version", dest="model_version", default="1", help="dotted integers, e.g. 3 or 1.2.0")
     parser.add_argument("--max-drop", type=float, default=None, help="accuracy budget override for every profile")
     parser.add_argument("--threads", type=int, default=1, help="inference threads while measuring latency")
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="task metric: top1, argmax-agreement, topK, per-position-agreement, mask-iou@T, cosine, sqnr-db, "
+        "prob-mae, detection-f1, or path.py:function(reference_outputs, candidate_outputs, labels) -> score",
+    )
+    parser.add_argument("--min-score", type=float, default=None, help="absolute bar on the metric (else --max-drop)")
+    parser.add_argument(
+        "--time-budget", type=float, default=None, metavar="SECONDS", help="stop retrying recipes after this long"
+    )
+    parser.add_argument(
+        "--no-prune", dest="prune", action="store_false",
+        help="build, score and time every candidate, even those that cannot win (slower; a fuller report)",
+    )  # fmt: skip
     parser.add_argument("--min-sqnr", type=float, default=None, help="SQNR floor (dB) override for non-classifiers")
     parser.add_argument(
         "--pin", action="append", default=[], metavar="INPUT=VALUE", help="declare an input constant, e.g. sr=16000"
@@ -48,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="CoreML targets: your torch model (.pt2 torch.export or .pt TorchScript) instead of onnx2torch",
     )
+    add_farm_options(parser)
     add_json(parser)
     parser.set_defaults(func=cmd_convert)
 
@@ -74,8 +90,7 @@ def _ints(text: str, what: str) -> list[int]:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
+    from edgefleet.cli.convert_progress import convert_progress
     from edgefleet.converter.build import ConvertRequest, convert
 
     names = list(load_profiles()) if "all" in args.profile else args.profile
@@ -98,10 +113,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
         cache_dir=None if args.no_cache else (args.cache_dir or edgefleet_home() / "cache" / "convert"),
         custom_ops=args.custom_ops,
         torch_model=args.torch_model,
+        metric=args.metric,
+        min_score=args.min_score,
+        time_budget_s=args.time_budget,
+        prune=args.prune,
     )
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("converting", total=None)
-        results = convert(request, progress=lambda msg: bar.update(task, description=msg))
+    with farm_from(args) as farm, convert_progress() as progress:
+        results = convert(request, progress=progress, farm=farm)
     if args.json:
         print_json({"model": str(args.model), "profiles": results})
     else:
@@ -124,6 +142,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         for r in results:
             for note in r.notes:
                 print(f"  {r.profile}: {note}")
+        for r in results:
+            print_farm(r.profile, r.farm)
         for r in results:
             for c in r.candidates:
                 if c.get("rejected"):

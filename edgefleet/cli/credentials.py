@@ -1,4 +1,9 @@
-"""`edgefleet keys ca|server|device|host|acl`: broker TLS credentials and the Mosquitto ACL."""
+"""`edgefleet keys ca|server|device|host|dynsec|enroll|acl`: broker TLS credentials and broker rights.
+
+`dynsec` writes the first configuration of Mosquitto's dynamic-security plugin (what `deploy/mosquitto/` ships);
+`enroll` adds a device or a control-plane identity to a running broker; `acl` is the static alternative for a
+broker without the plugin (rights then do not follow deployments: re-run it and reload Mosquitto).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgefleet.cli.common import add_json, print_json
+from edgefleet.cli.common import add_broker, add_json, connect, print_json
+from edgefleet.cli.control_common import add_store
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.topics import DEFAULT_PREFIX, HOST_IDENTITY
 
@@ -51,12 +57,56 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     _client_options(host)
     host.set_defaults(func=cmd_host)
 
-    acl = verbs.add_parser("acl", help="write the Mosquitto ACL: each device only its own topics and bundles")
+    dyn = verbs.add_parser(
+        "dynsec", help="write the first dynamic-security plugin configuration: host users, devices and their groups"
+    )
+    _fleet_options(dyn, devices_required=False)
+    dyn.set_defaults(func=cmd_dynsec)
+
+    enroll = verbs.add_parser(
+        "enroll", help="add a device (or, with --host, a control-plane identity) to a running broker"
+    )
+    enroll.add_argument(
+        "identity", metavar="ID", help="the certificate CN: a device id, or a host identity with --host"
+    )
+    enroll.add_argument("--group", action="append", default=[], help="a registry group of the device (repeatable)")
+    enroll.add_argument("--host", action="store_true", help="a control-plane identity (role edgefleet-host)")
+    add_broker(enroll)
+    add_json(enroll)
+    enroll.set_defaults(func=cmd_enroll)
+
+    revoke = verbs.add_parser(
+        "revoke-device",
+        help="a stolen device certificate: disconnect it, take every broker right from its CN, mark it revoked",
+    )
+    revoke.add_argument("identity", metavar="ID", help="the device id (its certificate's CN)")
+    revoke.add_argument("--crl", type=Path, default=None, help="also add its certificate to this CRL (needs --ca-dir)")
+    revoke.add_argument("--ca-dir", type=Path, default=None, help="directory of ca.crt and ca.key, to sign the CRL")
+    revoke.add_argument("--device-cert", type=Path, default=None, help="the stolen certificate (default CA_DIR/ID.crt)")
+    add_store(revoke)
+    add_broker(revoke)
+    add_json(revoke)
+    revoke.set_defaults(func=cmd_revoke_device)
+
+    crl = verbs.add_parser("crl", help="create or extend the broker's certificate revocation list (crlfile)")
+    crl.add_argument("--ca-dir", type=Path, required=True, help="directory of ca.crt and ca.key")
+    crl.add_argument("--out", type=Path, required=True, help="the CRL file (re-signed in place when it exists)")
+    crl.add_argument("--revoke", type=Path, action="append", default=[], help="a certificate to revoke (repeatable)")
+    crl.add_argument("--days", type=int, default=3650, help="validity: a broker refuses every client past it")
+    add_json(crl)
+    crl.set_defaults(func=cmd_crl)
+
+    acl = verbs.add_parser("acl", help="write a static Mosquitto ACL (a broker without the dynamic-security plugin)")
+    _fleet_options(acl)
+    acl.set_defaults(func=cmd_acl)
+
+
+def _fleet_options(acl: argparse.ArgumentParser, *, devices_required: bool = True) -> None:
     acl.add_argument(
         "--device",
         action="append",
         default=[],
-        required=True,
+        required=devices_required,
         metavar="ID[:GROUP,GROUP]",
         help="a device and its groups (repeat per device)",
     )
@@ -75,9 +125,8 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
         help=f"user names with full access under the prefix (default {HOST_IDENTITY})",
     )
     acl.add_argument("--prefix", default=DEFAULT_PREFIX, help="MQTT topic prefix")
-    acl.add_argument("--out", type=Path, required=True, help="the ACL file to (atomically) replace")
+    acl.add_argument("--out", type=Path, required=True, help="the file to write")
     add_json(acl)
-    acl.set_defaults(func=cmd_acl)
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +183,94 @@ def cmd_acl(args: argparse.Namespace) -> None:
         )
     else:
         print(f"wrote {path}: {len(devices)} device(s), {len(set(hosts))} host user(s); reload Mosquitto to apply")
+
+
+def cmd_dynsec(args: argparse.Namespace) -> None:
+    from edgefleet.control.dynsec import render_config
+    from edgefleet.control.pki import write_new_text
+
+    devices = parse_devices(args.device)
+    assignments = parse_assignments(args.assign)
+    hosts = args.host_user or [HOST_IDENTITY]
+    path = write_new_text(args.out, render_config(devices, assignments, prefix=args.prefix, host_users=hosts))
+    if args.json:
+        print_json({"path": path, "prefix": args.prefix, "host_users": sorted(set(hosts)), "devices": devices})
+    else:
+        print(
+            f"wrote {path}: {len(devices)} device(s), {len(set(hosts))} host user(s); it is the plugin's "
+            "plugin_opt_config_file (the broker rewrites it from now on)"
+        )
+
+
+def cmd_enroll(args: argparse.Namespace) -> None:
+    from edgefleet.control.broker_rights import DynsecClient, DynsecRights, probe_dynsec
+    from edgefleet.control.dynsec import HOST_ROLE
+
+    conn, topics = connect(args, "enroll")
+    try:
+        client = DynsecClient(conn)
+        if not probe_dynsec(client):
+            raise UserInputError(
+                f"the broker at {args.broker} did not answer on $CONTROL/dynamic-security/v1 (no plugin, or this "
+                "certificate lacks the edgefleet-host role)"
+            )
+        if args.host:
+            client.check([{"command": "createClient", "username": args.identity, "roles": [{"rolename": HOST_ROLE}]}])
+        else:
+            DynsecRights(conn, topics, client).enroll(args.identity, args.group)
+    finally:
+        conn.stop()
+    role = "control plane" if args.host else "device"
+    if args.json:
+        print_json({"identity": args.identity, "role": role, "groups": args.group})
+    else:
+        print(f"enrolled {role} {args.identity} on the broker")
+
+
+def cmd_revoke_device(args: argparse.Namespace) -> None:
+    from edgefleet.cli.control_common import open_from
+    from edgefleet.control.broker_rights import DynsecClient
+    from edgefleet.control.broker_rights_revoke import mark_revoked, revoke_on_broker
+
+    if args.crl is not None and args.ca_dir is None:
+        raise UserInputError("--crl needs --ca-dir (the CA's key signs the CRL)")
+    conn, _ = connect(args, "revoke")
+    try:
+        broker = revoke_on_broker(DynsecClient(conn), args.identity)
+    finally:
+        conn.stop()
+    crl = None
+    if args.crl is not None:
+        from edgefleet.control.crl import write_crl
+        from edgefleet.control.pki import certificate_cn
+
+        cert = args.device_cert or args.ca_dir / f"{args.identity}.crt"
+        if certificate_cn(cert) != args.identity:
+            raise UserInputError(f"{cert} is the certificate of {certificate_cn(cert)!r}, not {args.identity!r}")
+        write_crl(args.ca_dir, args.crl, [cert])
+        crl = str(args.crl)
+    store = open_from(args)
+    try:
+        registry = mark_revoked(store, args.identity)
+    finally:
+        store.close()
+    if args.json:
+        print_json({"identity": args.identity, "broker": broker, "registry": registry, "crl": crl})
+    else:
+        print(f"revoked device {args.identity}: broker: {broker}; registry: {registry}")
+        if crl:
+            print(f"added its certificate to {crl}: install it as the broker's crlfile, then reload Mosquitto")
+        print("a replacement device needs a new device id and certificate (this CN stays revoked)")
+
+
+def cmd_crl(args: argparse.Namespace) -> None:
+    from edgefleet.control.crl import write_crl
+
+    serials = write_crl(args.ca_dir, args.out, args.revoke, days=args.days)
+    if args.json:
+        print_json({"path": args.out, "revoked": [f"{s:x}" for s in serials]})
+    else:
+        print(f"wrote {args.out}: {len(serials)} revoked certificate(s); reload Mosquitto to apply (SIGHUP)")
 
 
 def parse_devices(values: list[str]) -> dict[str, list[str]]:

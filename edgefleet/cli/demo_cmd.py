@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from edgefleet.cli.common import add_json, fmt, print_json, print_table
+from edgefleet.core.untrusted import safe_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,7 +55,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         for d in result.devices:
             others = "; ".join(f"{p}: {why}" for p, why in d.providers_not_chosen.items())
-            print(f"{d.device_id}: serves on {d.provider} ({d.provider_summary})" + (f"; {others}" if others else ""))
+            line = f"{d.device_id}: serves on {d.provider} ({d.provider_summary})" + (f"; {others}" if others else "")
+            print(safe_text(line, 1000))  # device text
         for conv in result.conversion:
             for rejected in conv["rejected"]:
                 print(f"{conv['profile']}: chose {conv['recipe']}; rejected {rejected['name']}: {rejected['rejected']}")

@@ -1,19 +1,28 @@
-"""Host commands on the broker: `broker`, `publish`, `deploy`, `fleet status`."""
+"""Host commands on the broker: `broker`, `publish`, `deploy`, `fleet status`, `fleet watch`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_broker, add_json, connect, fmt, print_json, print_table
+from edgefleet.cli.control_common import duration
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.transfer import DEFAULT_BLOCK_SIZE
 
 if TYPE_CHECKING:
     from edgefleet.control.fleet import DeviceRow
+    from edgefleet.control.quality_view import QualityRow
 
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
+
+LAYOUT_HELP = (
+    "chunks (default): content-addressed chunks shared across versions, so a device fetches only what changed; "
+    "blocks: the first layout (fixed blocks per bundle), for agents from before chunks or an acl_file broker"
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,16 +34,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     publish = sub.add_parser("publish", help="publish a bundle's blocks and signed manifest (retained)")
     publish.add_argument("bundle", type=Path)
     publish.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="bytes per MQTT message")
+    publish.add_argument("--layout", choices=("chunks", "blocks"), default="chunks", help=LAYOUT_HELP)
     add_broker(publish)
     add_json(publish)
     publish.set_defaults(func=cmd_publish)
+
+    unpub = sub.add_parser(
+        "unpublish", help="clear a bundle's offer and the chunks no other bundle lists (refused while desired)"
+    )
+    unpub.add_argument("bundle_id")
+    unpub.add_argument("--force", action="store_true", help="even when desired state still names it")
+    add_broker(unpub)
+    add_json(unpub)
+    unpub.set_defaults(func=cmd_unpublish)
 
     dep = sub.add_parser("deploy", help="publish a bundle and make it the desired one for devices or groups")
     dep.add_argument("bundle", type=Path)
     dep.add_argument("--device", action="append", default=[], help="device id (repeatable)")
     dep.add_argument("--group", action="append", default=[], help="group name (repeatable)")
     dep.add_argument("--rollback", action="store_true", help="allow devices to go back to an older version")
+    dep.add_argument(
+        "--max-bytes-per-s", type=int, metavar="N",
+        help="cap the devices' downloads at N bytes/s (paid links), in the signed desired state",
+    )  # fmt: skip
     dep.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    dep.add_argument("--layout", choices=("chunks", "blocks"), default="chunks", help=LAYOUT_HELP)
+    dep.add_argument(
+        "--broker-rights", choices=["auto", "dynsec", "none"], default="auto",
+        help="grant the devices read rights on the bundle first (dynsec: Mosquitto's plugin; auto: when it answers)",
+    )  # fmt: skip
     add_broker(dep)
     add_json(dep)
     dep.set_defaults(func=cmd_deploy)
@@ -46,8 +74,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_broker(status)
     add_json(status)
     status.set_defaults(func=cmd_fleet_status)
-    from edgefleet.cli.control_cmd import register_fleet_watch
-
     register_fleet_watch(verbs)
 
 
@@ -63,33 +89,60 @@ def cmd_publish(args: argparse.Namespace) -> None:
 
     conn, topics = connect(args, "publish")
     try:
-        manifest, offer = publish_bundle(conn, topics, args.bundle, block_size=args.block_size)
+        manifest, offer = publish_bundle(conn, topics, args.bundle, block_size=args.block_size, layout=args.layout)
+    finally:
+        conn.stop()
+    transfer = offer.transfer
+    chunks = transfer.chunk_count or len(transfer.chunks)  # a long list travels on index pages (core/chunk_index.py)
+    if args.json:
+        print_json({"bundle_id": manifest.bundle_id, "bytes": transfer.size, "blocks": transfer.block_count,
+                    "chunks": chunks, "index_pages": len(transfer.index)})  # fmt: skip
+    else:
+        pieces = f"{chunks} chunks" if chunks else f"{transfer.block_count} blocks"
+        print(f"published {manifest.bundle_id}: {transfer.size} bytes in {pieces}")
+
+
+def cmd_unpublish(args: argparse.Namespace) -> None:
+    from edgefleet.control.bundle_retention import unpublish
+
+    conn, topics = connect(args, "unpublish")
+    try:
+        cleared = unpublish(conn, topics, args.bundle_id, force=args.force)
     finally:
         conn.stop()
     if args.json:
-        print_json(
-            {"bundle_id": manifest.bundle_id, "bytes": offer.transfer.size, "blocks": offer.transfer.block_count}
-        )
+        print_json({"bundle_id": args.bundle_id, "chunks_cleared": len(cleared)})
     else:
-        print(f"published {manifest.bundle_id}: {offer.transfer.size} bytes in {offer.transfer.block_count} blocks")
+        print(f"unpublished {args.bundle_id}: {len(cleared)} chunk(s) no other bundle lists were cleared")
 
 
 def cmd_deploy(args: argparse.Namespace) -> None:
+    from edgefleet.control.broker_rights_deploy import grant_deploy
     from edgefleet.control.publish import deploy, publish_bundle
 
     if not args.device and not args.group:
         raise UserInputError("deploy needs at least one --device or --group")
+    if args.max_bytes_per_s is not None and args.max_bytes_per_s <= 0:
+        raise UserInputError("--max-bytes-per-s takes a positive byte rate")
     conn, topics = connect(args, "deploy")
     try:
-        manifest, _ = publish_bundle(conn, topics, args.bundle, block_size=args.block_size)
-        desired = deploy(conn, topics, manifest, devices=args.device, groups=args.group, rollback=args.rollback)
+        manifest, _ = publish_bundle(conn, topics, args.bundle, block_size=args.block_size, layout=args.layout)
+        rights = grant_deploy(  # before any device hears of the bundle (broker_rights_deploy.py)
+            conn, topics, manifest.bundle_id, devices=args.device, groups=args.group, mode=args.broker_rights
+        )
+        desired = deploy(conn, topics, manifest, devices=args.device, groups=args.group, rollback=args.rollback,
+                         max_bytes_per_s=args.max_bytes_per_s)  # fmt: skip
     finally:
         conn.stop()
     if args.json:
-        print_json({"desired": desired, "devices": args.device, "groups": args.group})
+        print_json({"desired": desired, "devices": args.device, "groups": args.group, "rights": rights})
     else:
         targets = ", ".join([f"device {d}" for d in args.device] + [f"group {g}" for g in args.group])
         print(f"{manifest.bundle_id} is now desired for {targets}")
+        granted = f"granted to {', '.join(rights.devices) or 'no device'}" if rights.managed else "not managed"
+        print(f"broker rights ({rights.reason}): {granted}")
+        if rights.unknown:
+            print(f"warning: the broker has no role for {', '.join(rights.unknown)} (`edgefleet keys enroll`)")
 
 
 def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
@@ -129,6 +182,16 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
             for r in rows
         ],
     )
+    quality_table([(r.device_id, r.quality) for r in rows])
+
+
+def quality_table(rows: list[tuple[str, QualityRow]]) -> None:
+    """Model quality per device, when any device reports some."""
+    from edgefleet.control.quality_view import any_quality, quality_cells
+
+    if any_quality(q for _, q in rows):
+        print_table("model quality", ["device", "golden (worst output)", "field accuracy", "drift (worst)",
+                                      "shadow vs served"], [(d, *quality_cells(q)) for d, q in rows])  # fmt: skip
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> None:
@@ -145,3 +208,51 @@ def cmd_fleet_status(args: argparse.Namespace) -> None:
         print_json({"devices": rows})
     else:
         fleet_table(rows)
+
+
+# --- fleet watch
+def register_fleet_watch(verbs: argparse._SubParsersAction) -> None:
+    """`fleet watch`, added beside `fleet status` by edgefleet/cli/fleet_cmd.py."""
+    watch = verbs.add_parser("watch", help="follow the fleet live: a table every interval and events as they come")
+    watch.add_argument("--interval", type=duration, default=2.0, help="seconds between tables")
+    watch.add_argument("--count", type=int, default=0, help="stop after this many tables (0: until Ctrl-C)")
+    add_broker(watch)
+    add_json(watch)
+    watch.set_defaults(func=cmd_fleet_watch)
+
+
+def cmd_fleet_watch(args: argparse.Namespace) -> None:
+    from edgefleet.control.fleet import FleetView
+    from edgefleet.core.messages import Event, MessageError, decode
+    from edgefleet.core.untrusted import safe_text
+
+    conn, topics = connect(args, "watch")
+
+    def on_event(topic: str, payload: bytes, retained: bool) -> None:
+        try:
+            event = decode(Event, payload)
+        except MessageError:
+            return
+        if args.json:
+            print(json.dumps({"type": "event", **event.model_dump(mode="json")}), flush=True)
+        else:
+            stamp = time.strftime("%H:%M:%S", time.localtime(event.ts))
+            line = f"{event.device_id} {event.kind} {event.bundle_id or ''} {event.detail}"
+            print(f"{stamp} {safe_text(line, 400)}", flush=True)  # device text: no escapes, capped
+
+    try:
+        view = FleetView(conn, topics)
+        conn.subscribe(topics.all_events(), on_event)
+        shown = 0
+        while args.count <= 0 or shown < args.count:
+            time.sleep(args.interval)
+            rows = view.rows()
+            if args.json:
+                from edgefleet.cli.common import to_jsonable
+
+                print(json.dumps({"type": "fleet", "ts": time.time(), "devices": to_jsonable(rows)}), flush=True)
+            else:
+                fleet_table(rows, title=f"fleet at {time.strftime('%H:%M:%S')}")
+            shown += 1
+    finally:
+        conn.stop()

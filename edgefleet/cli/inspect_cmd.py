@@ -32,6 +32,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"  {role} {spec.name}: {spec.dtype} {shape}")
     if report.custom_domains:
         print(f"  custom domains: {report.custom_domains}")
+    for rewrite in report.rewrites:
+        print(f"  rewritten on load: {rewrite}")
     print_table(
         "operators",
         ["domain", "op", "opset", "count", "in subgraphs"],

@@ -59,27 +59,47 @@ def cmd_detect(args: argparse.Namespace) -> None:
     profiles = list(load_profiles().values())
     facts = HostFacts.probe(f for p in profiles for f in p.match.files)
     matching = detect(profiles, facts)
+    others = sorted((p for p in profiles if p not in matching), key=lambda p: p.name)
     verdicts: list[dict[str, Any]] = [
-        {"profile": p.name, "matches": p in matching, "why_not": match_reasons(p, facts)} for p in profiles
+        {"profile": p.name, "matches": True, "rank": rank, "why": _why_matches(p), "why_not": []}
+        for rank, p in enumerate(matching, 1)
+    ] + [
+        {"profile": p.name, "matches": False, "rank": None, "why": "", "why_not": match_reasons(p, facts)}
+        for p in others
     ]
     if args.json:
         print_json(
             {
                 "best": matching[0].name if matching else None,
+                "matching": [p.name for p in matching],
                 "verdicts": verdicts,
                 "facts": {"arch": facts.arch, "os": facts.os, "providers": sorted(facts.providers)},
             }
         )
         return
     print_table(
-        f"profiles on this machine ({facts.arch}, {facts.os})",
-        ["profile", "matches", "why not"],
+        f"profiles on this machine ({facts.arch}, {facts.os}), most specific first",
+        ["profile", "matches", "why"],
         [
             (
                 v["profile"],
-                "best" if matching and v["profile"] == matching[0].name else ("yes" if v["matches"] else "no"),
-                "; ".join(v["why_not"]),
+                ("best" if v["rank"] == 1 else f"yes ({v['rank']})") if v["matches"] else "no",
+                v["why"] or "; ".join(v["why_not"]),
             )
             for v in verdicts
         ],
     )
+
+
+def _why_matches(profile: Profile) -> str:
+    rules = profile.match
+    held = [f"arch {'|'.join(rules.arch)}"]
+    held += [f"os {'|'.join(rules.os)}"] if rules.os else []
+    held += [f"CPU flags {'+'.join(rules.cpu_flags_all)}"] if rules.cpu_flags_all else []
+    held += [f"a CPU flag of {'|'.join(rules.cpu_flags_any)}"] if rules.cpu_flags_any else []
+    held += [f"vendor {'|'.join(rules.cpu_vendor)}"] if rules.cpu_vendor else []
+    held += [f"files {', '.join(rules.files)}"] if rules.files else []
+    held += [f"board {'|'.join(rules.board_any)}"] if rules.board_any else []
+    held += [f"provider {'|'.join(rules.providers_any)}"] if rules.providers_any else []
+    refines = f"; refines {', '.join(profile.refines)}" if profile.refines else ""
+    return f"{', '.join(held)}{refines}"

@@ -1,28 +1,26 @@
-"""`edgefleet devices|groups|desired`: the device registry, host-side groups and desired state, in the store."""
+"""`edgefleet devices|groups`: the device registry and host-side groups in the store (desired state: desired_cmd.py)."""
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.cli.common import add_broker, add_json, fmt, print_json, print_table
+from edgefleet.cli.common import add_json, fmt, print_json, print_table
 from edgefleet.core.errors import UserInputError
 
 if TYPE_CHECKING:
-    from edgefleet.control.store import Scope, Store
+    from edgefleet.control.store import Store
 
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
 
-from edgefleet.cli.control_common import add_store, open_from, publish_bundles
+from edgefleet.cli.control_common import add_store, open_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     _register_devices(sub)
     _register_groups(sub)
-    _register_desired(sub)
 
 
 # --- devices
@@ -47,11 +45,24 @@ def _register_devices(sub: argparse._SubParsersAction) -> None:
     add_store(label)
     add_json(label)
     label.set_defaults(func=cmd_devices_label)
+    enroll = verbs.add_parser(
+        "enroll", help="the host registry's profile and groups of a device (its reports never change them)"
+    )
+    enroll.add_argument("device_id")
+    enroll.add_argument("--profile", help="the device's hardware profile (default: the one it reports now)")
+    enroll.add_argument("--group", action="append", default=[], help="a group it belongs to (repeatable)")
+    enroll.add_argument(
+        "--max-bytes-per-s", type=int, metavar="N",
+        help="cap the device's bundle downloads at N bytes/s (a paid link), in its signed desired state; 0 lifts it",
+    )  # fmt: skip
+    add_store(enroll)
+    add_json(enroll)
+    enroll.set_defaults(func=cmd_devices_enroll)
 
 
 def _device_rows(store: Store, args: argparse.Namespace) -> list[dict[str, Any]]:
     from edgefleet.control.desired import plan_desired
-    from edgefleet.control.registry import Selector, memberships, require_members
+    from edgefleet.control.registry import Selector, host_view, memberships, registry_warnings, require_members
 
     devices = store.devices()
     groups = store.groups()
@@ -70,7 +81,8 @@ def _device_rows(store: Store, args: argparse.Namespace) -> list[dict[str, Any]]
         want = plan.get(d.device_id)
         rows.append(
             {
-                "device_id": d.device_id, "online": d.online, "state": d.state, "profile": d.profile,
+                "device_id": d.device_id, "online": d.online, "state": d.state, "profile": host_view(d).profile,
+                "warnings": registry_warnings(d),
                 "bundle": d.active_bundle, "verified": d.verified, "desired": want.bundle_id if want else None,
                 "groups": sorted(member.get(d.device_id, set())), "labels": dict(d.labels),
                 "p50_ms": t.p50_ms if t else None, "p95_ms": t.p95_ms if t else None,
@@ -93,12 +105,12 @@ def cmd_devices_list(args: argparse.Namespace) -> None:
     print_table(
         f"devices ({len(rows)})",
         ["device", "online", "state", "profile", "bundle", "verified", "desired", "groups", "labels", "p95 ms",
-         "golden", "seen"],
+         "golden", "seen", "warnings"],
         [
             (r["device_id"], "yes" if r["online"] else "no", r["state"], r["profile"], r["bundle"],
              "yes" if r["verified"] else "no", r["desired"], ",".join(r["groups"]),
              ",".join(f"{k}={v}" for k, v in r["labels"].items()), fmt(r["p95_ms"]), fmt(r["golden_agreement"], 2),
-             f"{r['last_seen_s']:.0f} s ago")
+             f"{r['last_seen_s']:.0f} s ago", "; ".join(r["warnings"]) or "-")
             for r in rows
         ],
     )  # fmt: skip
@@ -108,7 +120,8 @@ def cmd_devices_show(args: argparse.Namespace) -> None:
     import dataclasses
 
     from edgefleet.control.desired import plan_desired
-    from edgefleet.control.registry import memberships
+    from edgefleet.control.quality_view import latest_task, task_cell
+    from edgefleet.control.registry import host_view, memberships, registry_warnings
     from edgefleet.core.errors import UnknownNameError
 
     store = open_from(args)
@@ -121,14 +134,18 @@ def cmd_devices_show(args: argparse.Namespace) -> None:
         published = store.published().get(device.device_id)
         telemetry = store.telemetry(device.device_id, time.time() - 3600)[-20:]
         events = store.events(device_id=device.device_id, limit=20)
+        task = latest_task(store.quality(device.device_id, time.time() - 3600))
     finally:
         store.close()
     report = {
         "device": dataclasses.asdict(device) | {"labels": dict(device.labels)},
         "groups": sorted(member),
+        "registry_profile": host_view(device).profile,
+        "warnings": registry_warnings(device),
         "desired": dataclasses.asdict(want) if want else None,
         "published_desired": dataclasses.asdict(published) if published else None,
         "telemetry": [dataclasses.asdict(t) for t in telemetry],
+        "golden_task": task.model_dump(mode="json") if task else None,
         "events": [dataclasses.asdict(e) for e in events],
     }
     if args.json:
@@ -139,13 +156,14 @@ def cmd_devices_show(args: argparse.Namespace) -> None:
         f"device {d.device_id}",
         ["field", "value"],
         [
-            ("online", "yes" if d.online else "no"), ("state", d.state), ("profile", d.profile),
+            ("online", "yes" if d.online else "no"), ("state", d.state), ("profile", report["registry_profile"]),
+            ("registry", "; ".join(registry_warnings(device)) or "matches the device's report"),
             ("agent", d.agent_version), ("hardware", f"{d.arch} {d.os} {d.hostname}"),
             ("bundle", d.active_bundle), ("model", d.active_model), ("provider", d.provider),
             ("verified", "yes" if d.verified else "no"), ("groups", ", ".join(sorted(member)) or "-"),
             ("labels", ", ".join(f"{k}={v}" for k, v in d.labels.items()) or "-"),
             ("desired", f"{want.bundle_id} ({want.scope} {want.target}, {want.source})" if want else "-"),
-            ("last error", d.last_error),
+            ("last error", d.last_error), ("golden task", task_cell(task) or "-"),
         ],
     )  # fmt: skip
     print_table(
@@ -165,14 +183,11 @@ def cmd_devices_show(args: argparse.Namespace) -> None:
 
 
 def cmd_devices_label(args: argparse.Namespace) -> None:
-    from edgefleet.control.registry import parse_labels
+    from edgefleet.control import operations as ops
 
-    labels = parse_labels(args.labels)
-    if not labels and not args.remove:
-        raise UserInputError("give labels as KEY=VALUE, or --remove KEY")
     store = open_from(args)
     try:
-        device = store.set_labels(args.device_id, labels, args.remove)
+        device = ops.label_device(store, ops.Operator.shell(), args.device_id, args.labels, args.remove)
     finally:
         store.close()
     if args.json:
@@ -180,6 +195,38 @@ def cmd_devices_label(args: argparse.Namespace) -> None:
     else:
         shown = ", ".join(f"{k}={v}" for k, v in device.labels.items()) or "(none)"
         print(f"{device.device_id} labels: {shown}")
+
+
+def cmd_devices_enroll(args: argparse.Namespace) -> None:
+    from edgefleet.control.registry import REGISTRY_LINK_CAP, enrolment_labels, host_view, link_cap
+
+    store = open_from(args)
+    try:
+        known = store.device(args.device_id)
+        # No --profile: the operator confirms the profile the device reports now; it never changes by itself after.
+        profile = args.profile or (known.profile if known else None)
+        labels, lift = enrolment_labels(profile, args.group), []
+        if args.max_bytes_per_s is not None:
+            if args.max_bytes_per_s < 0:
+                raise UserInputError("--max-bytes-per-s takes a byte rate (0 lifts the cap)")
+            if args.max_bytes_per_s:
+                labels[REGISTRY_LINK_CAP] = str(args.max_bytes_per_s)
+            else:
+                lift.append(REGISTRY_LINK_CAP)
+        device = store.set_labels(args.device_id, labels, lift)
+    finally:
+        store.close()
+    view = host_view(device)
+    if args.json:
+        cap = link_cap(device)
+        print_json({"device_id": view.device_id, "profile": view.profile, "groups": list(view.groups),
+                    "max_bytes_per_s": cap})  # fmt: skip
+    else:
+        cap_text = f", link cap {link_cap(device)} B/s" if link_cap(device) else ""
+        print(
+            f"{view.device_id}: profile {view.profile or '-'}, groups {', '.join(view.groups) or '-'}{cap_text} "
+            "(host registry)"
+        )
 
 
 # --- groups
@@ -273,91 +320,3 @@ def cmd_groups_delete(args: argparse.Namespace) -> None:
     finally:
         store.close()
     print(f"group {args.name} deleted")
-
-
-# --- desired state
-def _register_desired(sub: argparse._SubParsersAction) -> None:
-    desired = sub.add_parser("desired", help="desired state: a fleet-wide base, group deployments, device overrides")
-    verbs = desired.add_subparsers(dest="verb", required=True, metavar="VERB")
-    listing = verbs.add_parser("list", help="every deployment, most specific first")
-    add_store(listing)
-    add_json(listing)
-    listing.set_defaults(func=cmd_desired_list)
-    put = verbs.add_parser("set", help="publish a bundle and make it desired for the fleet, a group or a device")
-    put.add_argument("bundle", type=Path)
-    scope = put.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--fleet", action="store_true", help="the base deployment for the bundle's profile")
-    scope.add_argument("--group", help="a group's deployment")
-    scope.add_argument("--device", help="a device override")
-    put.add_argument("--rollback", action="store_true", help="allow devices to go back to an older version")
-    add_broker(put)
-    add_store(put)
-    add_json(put)
-    put.set_defaults(func=cmd_desired_set)
-    clear = verbs.add_parser("clear", help="remove a deployment (the next less specific one applies)")
-    scope = clear.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--fleet", action="store_true")
-    scope.add_argument("--group")
-    scope.add_argument("--device")
-    clear.add_argument("--profile", help="only this profile's deployment")
-    add_store(clear)
-    clear.set_defaults(func=cmd_desired_clear)
-
-
-def cmd_desired_list(args: argparse.Namespace) -> None:
-    store = open_from(args)
-    try:
-        order = {"device": 0, "group": 1, "fleet": 2}
-        rows = sorted(store.deployments(), key=lambda d: (order[d.scope], d.target, d.profile))
-    finally:
-        store.close()
-    if args.json:
-        print_json({"deployments": rows})
-        return
-    print_table(
-        "desired state (device overrides, then groups, then the fleet base)",
-        ["scope", "target", "profile", "bundle", "version", "rollback", "source"],
-        [(d.scope, d.target, d.profile, d.bundle_id, d.model_version, "yes" if d.rollback else "", d.source)
-         for d in rows],
-    )  # fmt: skip
-
-
-def cmd_desired_set(args: argparse.Namespace) -> None:
-    from edgefleet.control.store import FLEET_TARGET, Deployment
-    from edgefleet.core.topics import check_segment
-
-    scope: Scope = "fleet" if args.fleet else "group" if args.group else "device"
-    try:
-        target = FLEET_TARGET if args.fleet else check_segment(scope, args.group or args.device)
-    except ValueError as err:
-        raise UserInputError(str(err)) from err
-    store = open_from(args)
-    try:
-        (manifest,) = publish_bundles(args, store, [args.bundle])
-        deployment = Deployment(
-            scope=scope, target=target, profile=manifest.profile, bundle_id=manifest.bundle_id,
-            model_name=manifest.model_name, model_version=manifest.model_version, rollback=args.rollback,
-            source="operator", updated_at=time.time(),
-        )  # fmt: skip
-        store.put_deployment(deployment)
-    finally:
-        store.close()
-    if args.json:
-        print_json(deployment)
-    else:
-        print(f"{manifest.bundle_id} desired for {scope} {target} ({manifest.profile}); the control plane publishes it")
-
-
-def cmd_desired_clear(args: argparse.Namespace) -> None:
-    from edgefleet.control.store import FLEET_TARGET
-
-    scope: Scope = "fleet" if args.fleet else "group" if args.group else "device"
-    target = FLEET_TARGET if args.fleet else (args.group or args.device)
-    store = open_from(args)
-    try:
-        removed = store.delete_deployment(scope, target, args.profile)
-    finally:
-        store.close()
-    if not removed:
-        raise UserInputError(f"no deployment for {scope} {target}" + (f" ({args.profile})" if args.profile else ""))
-    print(f"removed {removed} deployment(s) of {scope} {target}")

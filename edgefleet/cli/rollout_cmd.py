@@ -1,4 +1,4 @@
-"""`edgefleet rollout start|status|pause|resume|abort`: rollouts in waves with guardrails."""
+"""`edgefleet rollout start|status|pause|resume|abort|rollback`: rollouts in waves with guardrails."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgefleet.cli.common import add_broker, add_json, fmt, print_json, print_table
 from edgefleet.core.errors import UserInputError
+from edgefleet.core.untrusted import safe_text
 
 if TYPE_CHECKING:
     from edgefleet.control.rollout import RolloutDoc
@@ -46,6 +47,28 @@ def _register_rollout(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-error-rate", type=optional_float, default=0.01, help="errors / requests at most this")
     t.add_argument("--min-requests", type=int, default=20, help="requests before latency and errors are judged")
     t.add_argument("--max-failed-devices", type=int, default=0, help="failures a wave tolerates")
+    t.add_argument(
+        "--max-field-drop", type=optional_float, default=0.02,
+        help="field accuracy (labelled feedback) drop allowed vs the previous bundle, where feedback exists",
+    )  # fmt: skip
+    t.add_argument("--min-field-samples", type=int, default=50, help="feedbacks needed before and after the wave")
+    t.add_argument(
+        "--max-drift-psi", type=optional_float, default=None,
+        help="the new bundle's worst drift PSI (inputs and outputs, from telemetry) at most this; off by default",
+    )  # fmt: skip
+    t.add_argument("--min-drift-samples", type=int, default=100, help="live samples behind drift before judging")
+    t.add_argument(
+        "--allow-unjudged", action="append", default=[], metavar="CRITERION",
+        help="let a criterion without data pass unjudged (latency, golden, errors, field-accuracy, shadow, drift; "
+        "repeatable); without it a criterion lacking data fails the wave. Recorded in the rollout",
+    )  # fmt: skip
+    s_ = start.add_argument_group("shadow phase (before the waves, on the canary)")
+    s_.add_argument("--shadow", type=duration, default=None, metavar="DURATION",
+                    help="run the candidate as a shadow on the canary for at least this long first")  # fmt: skip
+    s_.add_argument("--shadow-timeout", type=duration, default=None, help="fail the phase without enough data by then")
+    s_.add_argument("--shadow-min-agreement", type=float, default=0.99, help="worst per-output agreement")
+    s_.add_argument("--shadow-min-requests", type=int, default=50, help="mirrored requests before judging")
+    s_.add_argument("--shadow-max-latency-factor", type=optional_float, default=1.5, help="shadow p95 ≤ F × served")
     w = start.add_argument_group("timing")
     w.add_argument("--baseline", type=duration, default=30.0, help="telemetry window before each wave")
     w.add_argument("--observe", type=duration, default=60.0, help="how long each wave is watched")
@@ -67,6 +90,7 @@ def _register_rollout(sub: argparse._SubParsersAction) -> None:
         ("pause", "hold a rollout where it is (installs already asked for go on)"),
         ("resume", "continue a paused rollout"),
         ("abort", "stop a rollout and return every device it touched to its previous bundle"),
+        ("rollback", "abort an active rollout, or return the devices of a succeeded one to their previous bundles"),
     ):
         command = verbs.add_parser(verb, help=text)
         command.add_argument("rollout_id")
@@ -76,7 +100,8 @@ def _register_rollout(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_rollout_start(args: argparse.Namespace) -> None:
-    from edgefleet.control.rollout_engine import bundle_ref, make_spec, prepare_rollout
+    from edgefleet.control import operations as ops
+    from edgefleet.control.rollout_engine import bundle_ref
     from edgefleet.core.bundle import parse_manifest, read_signed_manifest
     from edgefleet.core.errors import BundleError
 
@@ -86,16 +111,20 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
             manifests.append(parse_manifest(read_signed_manifest(path).manifest_json))
         except (OSError, BundleError) as err:
             raise UserInputError(f"{path} is not a readable bundle: {err}") from err
-    drop = args.max_golden_drop
-    if drop is not None and drop < 0:  # the default: the tightest accuracy budget among the bundles
-        drop = min(m.accuracy.budget for m in manifests)
-    spec = make_spec(
-        group=args.group, bundles=[bundle_ref(m) for m in manifests], canary=args.canary,
-        waves=[w.strip() for w in args.waves.split(",") if w.strip()],
+    spec = ops.rollout_spec(
+        [bundle_ref(m) for m in manifests], args.group, canary=args.canary, waves=args.waves.split(","),
         thresholds={
             "max_latency_factor": args.max_latency_factor, "latency_slack_ms": args.latency_slack_ms,
-            "max_golden_drop": drop, "min_golden_agreement": args.min_golden, "max_error_rate": args.max_error_rate,
-            "min_requests": args.min_requests,
+            "max_golden_drop": args.max_golden_drop, "min_golden_agreement": args.min_golden,
+            "max_error_rate": args.max_error_rate, "min_requests": args.min_requests,
+            "max_field_accuracy_drop": args.max_field_drop, "min_field_samples": args.min_field_samples,
+            "max_drift_psi": args.max_drift_psi, "min_drift_samples": args.min_drift_samples,
+        },
+        allow_unjudged=[c.strip() for a in args.allow_unjudged for c in a.split(",") if c.strip()],
+        shadow=None if args.shadow is None else {
+            "observe_s": args.shadow, "timeout_s": args.shadow_timeout or max(args.shadow * 5, 300.0),
+            "min_agreement": args.shadow_min_agreement, "min_requests": args.shadow_min_requests,
+            "max_latency_factor": args.shadow_max_latency_factor,
         },
         timing={
             "baseline_s": args.baseline, "observe_s": args.observe, "install_timeout_s": args.install_timeout,
@@ -105,12 +134,10 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
     )  # fmt: skip
     store = open_from(args)
     try:
-        from edgefleet.control.registry import require_members
-
-        require_members(spec.group, store.groups(), store.devices())  # fail before publishing anything
+        ops.check_rollout(store, spec)  # fail before publishing anything
         if not args.no_publish:
             publish_bundles(args, store, args.bundles)
-        doc = prepare_rollout(store, spec)
+        doc = ops.start_rollout(store, ops.Operator.shell(), spec)
     finally:
         store.close()
     if args.json:
@@ -122,7 +149,7 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
 
 
 def _rollout_json(doc: RolloutDoc) -> dict[str, Any]:
-    from edgefleet.control.dashboard import rollout_summary
+    from edgefleet.control.dashboard_views import rollout_summary
 
     return rollout_summary(doc) | {"document": doc.model_dump(mode="json")}
 
@@ -148,7 +175,7 @@ def cmd_rollout_status(args: argparse.Namespace) -> None:
         if args.rollout_id:
             print_json(_rollout_json(docs[0]) | {"engine": engine})
         else:
-            from edgefleet.control.dashboard import rollout_summary
+            from edgefleet.control.dashboard_views import rollout_summary
 
             print_json({"engine": engine, "rollouts": [rollout_summary(d) for d in docs]})
         return
@@ -164,7 +191,7 @@ def cmd_rollout_status(args: argparse.Namespace) -> None:
         )  # fmt: skip
         return
     doc = docs[0]
-    print(f"rollout {doc.id}: {doc.state} (engine {engine}); {doc.outcome}")
+    print(f"rollout {doc.id}: {doc.state} (engine {engine}); {safe_text(doc.outcome, 400)}")  # device reasons
     print_table(
         "waves",
         ["wave", "state", "devices", "verdict"],
@@ -175,6 +202,8 @@ def cmd_rollout_status(args: argparse.Namespace) -> None:
             for w in doc.waves
         ],
     )  # fmt: skip
+    from edgefleet.cli.rollout_view import print_quality
+
     print_table(
         "devices",
         ["device", "wave", "state", "from", "to", "baseline p95", "p95", "golden", "reason"],
@@ -185,8 +214,9 @@ def cmd_rollout_status(args: argparse.Namespace) -> None:
             for p in sorted(doc.devices.values(), key=lambda p: (p.wave, p.device_id))
         ],
     )  # fmt: skip
+    print_quality(doc)
     for entry in doc.log[-15:]:
-        print(f"{time.strftime('%H:%M:%S', time.localtime(entry.ts))} {entry.message}")
+        print(f"{time.strftime('%H:%M:%S', time.localtime(entry.ts))} {safe_text(entry.message, 400)}")
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -194,11 +224,15 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def cmd_rollout_command(args: argparse.Namespace) -> None:
-    from edgefleet.control.rollout_engine import request
+    from edgefleet.control import operations as ops
 
     store = open_from(args)
     try:
-        doc = request(store, args.rollout_id, args.command)
+        who = ops.Operator.shell()
+        if args.command == "rollback":
+            doc = ops.rollback_rollout(store, who, args.rollout_id)
+        else:
+            doc = ops.rollout_command(store, who, args.rollout_id, args.command)
     finally:
         store.close()
     if args.json:

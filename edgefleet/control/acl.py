@@ -5,8 +5,9 @@ client certificate: the device id for a device (see `edgefleet.control.pki`), `e
 plane. Every topic comes from `edgefleet.core.topics.Topics`; a device may
 
 - write its `status`, `telemetry`, `events` and `infer/response/+`;
-- read its own `desired`, the `desired` of each of its groups, its `infer/request`, and the `manifest` and
-  `blocks/+` of the bundles assigned to it, and nothing else.
+- read its own `desired`, the `desired` of each of its groups, its `infer/request` and `infer/feedback`, and
+  the `manifest` and `blocks/+` of the bundles assigned to it and the chunks their offers list (by name), and
+  nothing else.
 
 Host users read and write everything under the prefix. Lines outside a `user` block would apply to every
 client, anonymous ones included, so there are none. Assigning a bundle to a device means rendering the file
@@ -49,7 +50,11 @@ def check_prefix(prefix: str) -> str:
 
 
 def device_rules(
-    topics: Topics, device_id: str, groups: Iterable[str] = (), bundles: Iterable[str] = ()
+    topics: Topics,
+    device_id: str,
+    groups: Iterable[str] = (),
+    bundles: Iterable[str] = (),
+    chunks: Mapping[str, Sequence[str]] | None = None,
 ) -> DeviceRules:
     """The read and write topics of one device, from `topics` (never hand-built)."""
     _check("device id", device_id)
@@ -60,12 +65,15 @@ def device_rules(
         topics.telemetry(device_id),
         topics.events(device_id),
         _any_last_level(topics.infer_response(device_id, "x")),
+        _any_last_level(topics.benchmark_result(device_id, "x")),
     )
     read = [topics.device_desired(device_id)]
     read += [topics.group_desired(g) for g in group_list]
-    read.append(topics.infer_request(device_id))
+    read += [topics.infer_request(device_id), topics.infer_feedback(device_id), topics.benchmark_request(device_id)]
     for bundle_id in bundle_list:
         read += [topics.bundle_offer(bundle_id), _any_last_level(topics.bundle_block(bundle_id, 0))]
+        # An acl_file cannot refuse a wildcard it would allow by name, so each chunk is listed (dynsec: by name).
+        read += [topics.chunk(sha) for sha in sorted(set((chunks or {}).get(bundle_id, ())))]
     return DeviceRules(user=device_id, read=tuple(read), write=write)
 
 
@@ -75,8 +83,10 @@ def render_acl(
     *,
     prefix: str = DEFAULT_PREFIX,
     host_users: Sequence[str] = (HOST_IDENTITY,),
+    chunks: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
-    """The text of a Mosquitto `acl_file`.
+    """The text of a Mosquitto `acl_file`. `chunks` maps a bundle id to the chunk names its signed offer lists
+    (a device assigned the bundle may read each; without them a chunked bundle cannot be fetched through this ACL).
 
     `devices` maps each device id to its groups; `assignments` maps a device id to the bundle ids it may
     download (typically what it runs, what it is being moved to and what it could roll back to). Output is
@@ -101,7 +111,9 @@ def render_acl(
     for host in sorted(hosts):
         out += [f"user {host}", f"topic readwrite {everything}", ""]
     for device_id in sorted(devices):
-        rules = device_rules(topics, device_id, sorted(devices[device_id]), sorted(assignments.get(device_id, ())))
+        rules = device_rules(
+            topics, device_id, sorted(devices[device_id]), sorted(assignments.get(device_id, ())), chunks
+        )
         out.append(f"user {rules.user}")
         out += [f"topic write {topic}" for topic in rules.write]
         out += [f"topic read {topic}" for topic in rules.read]

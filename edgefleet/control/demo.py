@@ -18,17 +18,20 @@ from typing import Any
 
 import numpy as np
 
+from edgefleet import demo_assets
 from edgefleet.control.fleet import DeviceRow, FleetView
+from edgefleet.control.keyring import HostKeys
+from edgefleet.control.keyring import init as init_keys
 from edgefleet.control.publish import deploy, publish_bundle
 from edgefleet.control.remote import RemoteModel
 from edgefleet.core.errors import EdgefleetError
 from edgefleet.core.mqtt import Connection
 from edgefleet.core.profiles import get_profile
-from edgefleet.core.signing import SigningKey, generate_keypair
+from edgefleet.core.signing import SigningKey
 from edgefleet.core.tensors import Dataset, load_dataset
 from edgefleet.core.topics import Topics
+from edgefleet.demo_assets import CALIB, EVAL, MODEL
 
-DEMO_DIR = Path(__file__).resolve().parent.parent.parent / "models" / "digits"
 # (device id, profile, group): two VNNI machines share a group, the generic one is addressed directly.
 DEVICES = [
     ("demo-1", "intel-x86-vnni", "vnni"),
@@ -128,9 +131,8 @@ def run_demo(broker_url: str | None, workdir: Path | None, step: Step) -> DemoRe
     work = workdir or Path(tempfile.mkdtemp(prefix="edgefleet-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     keys = work / "keys"
-    if not (keys / "signing.key").exists():
-        generate_keypair(keys)
-    model, calib, evaluation = DEMO_DIR / "digits_cnn.onnx", DEMO_DIR / "calib.npz", DEMO_DIR / "eval.npz"
+    init_keys(keys)  # root (pinned by the agents), bundle and ops keys, and the key set delegating them
+    model, calib, evaluation = demo_assets.asset(MODEL), demo_assets.asset(CALIB), demo_assets.asset(EVAL)
     profiles = sorted({p for _, p, _ in DEVICES})
     step(f"converting {model.name} for {', '.join(profiles)}")
     results = convert(
@@ -140,7 +142,7 @@ def run_demo(broker_url: str | None, workdir: Path | None, step: Step) -> DemoRe
             calib=calib,
             eval=evaluation,
             out=work / "bundles",
-            key=SigningKey.load(keys / "signing.key"),
+            key=SigningKey.load(keys / "bundle.key"),
             name="digits-cnn",
             version="1",
         ),
@@ -152,7 +154,7 @@ def run_demo(broker_url: str | None, workdir: Path | None, step: Step) -> DemoRe
         raise EdgefleetError(f"conversion failed for {missing}")
     with _broker(broker_url) as url:
         step(f"starting 3 agents against {url}")
-        with _agents(url, work, keys / "signing.pub") as procs:
+        with _agents(url, work, keys / "root.pub") as procs:
             conn = Connection(url, f"edgefleet-demo-{os.getpid()}").start(wait=10)
             topics = Topics()
             try:
@@ -160,10 +162,10 @@ def run_demo(broker_url: str | None, workdir: Path | None, step: Step) -> DemoRe
                 desired: dict[str, str] = {}
                 for profile, bundle in bundles.items():
                     step(f"publishing {bundle.name}")
-                    manifest, _ = publish_bundle(conn, topics, bundle)
+                    manifest, _ = publish_bundle(conn, topics, bundle, keys=HostKeys(keys))
                     groups = sorted({g for _, p, g in DEVICES if p == profile and g})
                     devices = [d for d, p, g in DEVICES if p == profile and not g]
-                    deploy(conn, topics, manifest, devices=devices, groups=groups)
+                    deploy(conn, topics, manifest, devices=devices, groups=groups, keys=HostKeys(keys))
                     desired.update({d: manifest.bundle_id for d, p, _ in DEVICES if p == profile})
                 step("waiting for every device to verify, install and commit")
                 _wait_committed(view, desired, procs, timeout=90)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from edgefleet.control.quality_view import QualityRow, of_telemetry
 from edgefleet.core.messages import DeviceStatus, MessageError, Telemetry, decode
 from edgefleet.core.mqtt import Connection
 from edgefleet.core.topics import Topics
@@ -35,6 +36,7 @@ class DeviceRow:
     rss_mb: float | None
     last_error: str | None
     status_age_s: float
+    quality: QualityRow = field(default_factory=QualityRow)
 
 
 class FleetView:
@@ -109,6 +111,7 @@ class FleetView:
                     rss_mb=tele.rss_mb if tele else None,
                     last_error=status.last_error,
                     status_age_s=round(now - status.ts, 1),
+                    quality=of_telemetry(tele) if tele else QualityRow(),
                 )
             )
         return rows

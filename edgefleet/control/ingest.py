@@ -9,6 +9,12 @@
 - Delivery is at least once (QoS 1, agents re-send what the broker did not acknowledge, a persistent
   session re-delivers after a reconnect), so the store drops repeats by (device, seq, ts), across processes.
 - paho's network thread only enqueues; one writer thread decodes and writes in batches.
+- Nothing acknowledged is lost: the connection acknowledges (PUBACK) a message only after the store committed
+  the batch holding it (`Connection(manual_ack=True)`). A failing store is retried with back-off, and while
+  it fails nothing is acknowledged: the broker stops sending once its in-flight window is full and queues the
+  rest (the back-pressure), devices keep their own spools, and a process that stops meanwhile leaves the
+  messages unacknowledged in its persistent session, to be re-delivered. A message the store refuses while it
+  takes others (a poison message) is written alone, then rejected, logged and counted, never left to block.
 - A malformed message, telemetry from a device the registry does not know, or a payload whose device id
   differs from its topic's is counted, logged (once a minute per device) and dropped; nothing stops ingestion.
 """
@@ -25,13 +31,20 @@ from dataclasses import dataclass, field
 from edgefleet.control.store import Store
 from edgefleet.core.errors import BrokerError
 from edgefleet.core.messages import DeviceStatus, Event, M, MessageError, Telemetry, decode
-from edgefleet.core.mqtt import Connection, Handler
+from edgefleet.core.mqtt import Ack, AckedHandler, Connection
 from edgefleet.core.topics import Topics, check_segment
 
 log = logging.getLogger(__name__)
 
 COUNTER_PREFIX = "ingest."
 _LOG_EVERY_S = 60.0
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 2.0
+_GIVE_UP_AFTER_STOP_S = 5.0
+_ONE_BY_ONE_AFTER = 3
+_BATCH_GAP_S = 0.02
+INGEST_IN_FLIGHT = 2000  # unacknowledged messages the broker may send us (MQTT 5 Receive Maximum)
+
+Item = tuple[str, str, bytes, float, Ack]  # (kind, topic, payload, received at, acknowledge)
 
 
 @dataclass
@@ -60,7 +73,7 @@ class Ingestor:
         self.share_group = share_group
         self.batch_max, self.flush_s = batch_max, flush_s
         self.stats = IngestStats()
-        self._inbox: queue.Queue[tuple[str, str, bytes, float]] = queue.Queue(maxsize=queue_max)
+        self._inbox: queue.Queue[Item] = queue.Queue(maxsize=queue_max)
         self._known: set[str] = set()
         self._known_refreshed = 0.0
         self._logged: dict[tuple[str, str], float] = {}
@@ -77,9 +90,9 @@ class Ingestor:
         self._refresh_known(force=True)
         self._thread.start()
         status, telemetry, events = self.topics_subscribed()
-        self.conn.subscribe(status, self._on("status"))
-        self.conn.subscribe(telemetry, self._on("telemetry"))
-        self.conn.subscribe(events, self._on("events"))
+        self.conn.subscribe_acked(status, self._on("status"))
+        self.conn.subscribe_acked(telemetry, self._on("telemetry"))
+        self.conn.subscribe_acked(events, self._on("events"))
         return self
 
     def _own_topic(self, leaf: str) -> str:
@@ -112,8 +125,8 @@ class Ingestor:
             self.conn.unsubscribe(telemetry)
             self.conn.unsubscribe(events)
             self.share_group = None
-            self.conn.subscribe(self.topics.all_telemetry(), self._on("telemetry"))
-            self.conn.subscribe(self.topics.all_events(), self._on("events"))
+            self.conn.subscribe_acked(self.topics.all_telemetry(), self._on("telemetry"))
+            self.conn.subscribe_acked(self.topics.all_events(), self._on("events"))
         return ok
 
     def topics_subscribed(self) -> list[str]:
@@ -153,9 +166,9 @@ class Ingestor:
                 return True
         return False
 
-    def _on(self, kind: str) -> Handler:
-        def handler(topic: str, payload: bytes, retained: bool) -> None:
-            self._inbox.put((kind, topic, payload, time.time()))
+    def _on(self, kind: str) -> AckedHandler:
+        def handler(topic: str, payload: bytes, retained: bool, ack: Ack) -> None:
+            self._inbox.put((kind, topic, payload, time.time(), ack))
 
         return handler
 
@@ -167,14 +180,95 @@ class Ingestor:
                 self._idle.set()
                 self._flush_counters()
                 continue
-            try:
-                self._write(batch)
-            except Exception:  # the store may be busy or broken; ingestion goes on with the next batch
-                log.exception("writing %d messages to the store failed; they are lost", len(batch))
-                self._count("store_errors", len(batch))
+            if not self._commit(batch):
+                break
             self._flush_counters()
 
-    def _collect(self) -> list[tuple[str, str, bytes, float]]:
+    def _commit(self, batch: list[Item]) -> bool:
+        """Write the batch, retrying with back-off while the store fails, then acknowledge every message in it.
+        After a few failures the messages are written one by one: a message the store refuses while it takes
+        others (say, a number too large for it) is rejected loudly instead of holding up everything behind it.
+        False when the process stops with the store still failing: the rest stays unacknowledged."""
+        delay, failures, stopping_since = _RETRY_FIRST_S, 0, None
+        while batch:
+            counts: Counter[str] = Counter()
+            try:
+                self._write(batch, counts)
+            except Exception as err:  # the store is busy or broken: keep the batch, wait, try again
+                failures += 1
+                self._count("store_retries")
+                if failures == 1:
+                    log.warning("the store failed a batch of %d messages (%s); retrying, nothing is acknowledged "
+                                "until it is stored", len(batch), err)  # fmt: skip
+                else:
+                    self._warn("*", "store", "the store still fails (%d tries): %s", failures, err)
+                if failures >= _ONE_BY_ONE_AFTER:
+                    batch = self._one_by_one(batch)
+                    if not batch:
+                        break
+            else:
+                self._done(batch, counts)
+                break
+            if self._stop.is_set():
+                stopping_since = stopping_since or time.monotonic()
+                if time.monotonic() - stopping_since > _GIVE_UP_AFTER_STOP_S:
+                    left = len(batch) + self._inbox.qsize()
+                    log.error("stopping with %d messages not stored and not acknowledged: the broker keeps them "
+                              "for this instance's session", left)  # fmt: skip
+                    self._count("unacknowledged_at_stop", left)
+                    return False
+            time.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+        if failures:
+            log.info("the store took the batch after %d failed tries", failures)
+        return True
+
+    def _done(self, batch: list[Item], counts: Counter[str]) -> None:
+        for name, amount in counts.items():
+            self._count(name, amount)
+        for item in batch:
+            item[4]()
+
+    def _one_by_one(self, batch: list[Item]) -> list[Item]:
+        """Write each message alone; return what the store still fails. Only while the store takes writes (a
+        counter goes in) is a message that fails alone, twice, what it refuses: rejected, logged, counted and
+        acknowledged. A store that takes nothing is down: the batch waits for it, untouched."""
+        if not self._store_writable():
+            return batch
+        failed: list[Item] = batch
+        last_error: Exception | None = None
+        for _ in range(2):
+            batch, failed = failed, []
+            for item in batch:
+                counts: Counter[str] = Counter()
+                try:
+                    self._write([item], counts)
+                except Exception as error:
+                    failed.append(item)
+                    last_error = error
+                else:
+                    self._done([item], counts)
+            if not failed:
+                return []
+        if not self._store_writable():
+            return failed
+        for item in failed:
+            self._count("rejected")
+            log.error("the store refuses a %s message on %s and it is dropped: %s; payload %r", item[0], item[1],
+                      last_error, item[2][:300])  # fmt: skip
+            item[4]()
+        return []
+
+    def _store_writable(self) -> bool:
+        try:
+            self.store.add_counters({COUNTER_PREFIX + "store_probes": 1})
+        except Exception:
+            return False
+        return True
+
+    def _collect(self) -> list[Item]:
+        """Up to `batch_max` messages: all that arrive within `flush_s`, or until a short gap in arrivals (the
+        broker sends at most its in-flight window before an acknowledgement, so waiting longer gains nothing)."""
         try:
             first = self._inbox.get(timeout=0.2)
         except queue.Empty:
@@ -183,38 +277,40 @@ class Ingestor:
         deadline = time.monotonic() + self.flush_s
         while len(batch) < self.batch_max:
             try:
-                batch.append(self._inbox.get(timeout=max(0.0, deadline - time.monotonic())))
+                wait = min(_BATCH_GAP_S, max(0.0, deadline - time.monotonic()))
+                batch.append(self._inbox.get(timeout=wait))
             except queue.Empty:
                 break
         return batch
 
-    def _write(self, batch: list[tuple[str, str, bytes, float]]) -> None:
+    def _write(self, batch: list[Item], counts: Counter[str]) -> None:
+        """Decode and store one batch; `counts` gets what happened (kept only once the batch is stored)."""
         statuses: list[DeviceStatus] = []
         telemetry: list[Telemetry] = []
         events: list[Event] = []
         received_at = batch[-1][3]
-        for kind, topic, payload, _ in batch:
-            self._count("received")
+        for kind, topic, payload, _, _ in batch:
+            counts["received"] += 1
             device_id = self.topics.device_id_of(topic)
             if device_id is None:
                 continue
             if kind == "status":
                 if not payload:  # a cleared retained status
                     continue
-                status = self._decode(DeviceStatus, payload, device_id, topic)
+                status = self._decode(DeviceStatus, payload, device_id, topic, counts)
                 if status is not None:
                     statuses.append(status)
                     self._known.add(device_id)
                 continue
             message: Telemetry | Event | None = (
-                self._decode(Telemetry, payload, device_id, topic)
+                self._decode(Telemetry, payload, device_id, topic, counts)
                 if kind == "telemetry"
-                else self._decode(Event, payload, device_id, topic)
+                else self._decode(Event, payload, device_id, topic, counts)
             )
             if message is None:
                 continue
             if device_id not in self._known and not self._refresh_known(device_id):
-                self._count("unknown_device")
+                counts["unknown_device"] += 1
                 self._warn(device_id, "unknown", "dropped %s from unknown device %s (no status seen)", kind, device_id)
                 continue
             if isinstance(message, Telemetry):
@@ -222,23 +318,23 @@ class Ingestor:
             else:
                 events.append(message)
         self.store.upsert_statuses(statuses, received_at)
-        self._count("statuses", len(statuses))
+        counts["statuses"] += len(statuses)
         stored = self.store.add_telemetry(telemetry, received_at)
-        self._count("telemetry", stored)
+        counts["telemetry"] += stored
         stored_events = self.store.add_events(events, received_at)
-        self._count("events", stored_events)
-        self._count("duplicates", len(telemetry) - stored + len(events) - stored_events)
+        counts["events"] += stored_events
+        counts["duplicates"] += len(telemetry) - stored + len(events) - stored_events
 
-    def _decode(self, kind: type[M], payload: bytes, device_id: str, topic: str) -> M | None:
+    def _decode(self, kind: type[M], payload: bytes, device_id: str, topic: str, counts: Counter[str]) -> M | None:
         try:
             message = decode(kind, payload)
         except MessageError as err:
-            self._count("malformed")
+            counts["malformed"] += 1
             self._warn(device_id, "malformed", "dropped a malformed message on %s: %s", topic, err)
             return None
         named = getattr(message, "device_id", None)
         if named != device_id:
-            self._count("mismatched")
+            counts["mismatched"] += 1
             self._warn(device_id, "mismatched", "dropped a message on %s that names device %s", topic, named)
             return None
         return message
@@ -269,5 +365,6 @@ class Ingestor:
         deltas, self._unflushed = self._unflushed, Counter()
         try:
             self.store.add_counters({COUNTER_PREFIX + k: v for k, v in deltas.items()})
-        except Exception:
-            log.exception("cannot save the ingestion counters")
+        except Exception as err:
+            self._unflushed.update(deltas)  # kept for the next flush
+            self._warn("*", "counters", "cannot save the ingestion counters (kept for later): %s", err)

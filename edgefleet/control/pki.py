@@ -254,7 +254,7 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 
 
 def _positive_days(days: int) -> int:
@@ -294,6 +294,14 @@ def _write(files: CertFiles, key: ec.EllipticCurvePrivateKey, cert: x509.Certifi
     except BaseException:
         files.key.unlink(missing_ok=True)  # never leave a key without its certificate
         raise
+
+
+def write_new_text(path: Path, text: str, mode: int = 0o644) -> Path:
+    """Create a configuration file that must not exist yet (never overwrite what a broker now owns)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_new(path, text.encode(), mode)
+    return path
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from edgefleet.core.errors import BrokerError
-from edgefleet.core.messages import InferRequest, InferResponse, MessageError, WireTensor, decode
+from edgefleet.core.messages import InferFeedback, InferRequest, InferResponse, MessageError, WireTensor, decode
 from edgefleet.core.mqtt import Connection
 from edgefleet.core.topics import Topics
 
@@ -57,6 +57,11 @@ class RemoteModel:
                 results.append(self._collect(*boxes.pop(0), timeout))
         results.extend(self._collect(rid, box, timeout) for rid, box in boxes)
         return results
+
+    def feedback(self, request_id: str, labels: list[int], *, timeout: float = 10.0) -> None:
+        """Tell the device the true class of each sample of an earlier request (its field accuracy)."""
+        message = InferFeedback(request_id=request_id, client_id=self.client_id, labels=labels)
+        self.conn.publish(self.topics.infer_feedback(self.device_id), message.encode(), qos=1, wait=timeout)
 
     def _collect(self, request_id: str, box: queue.Queue[InferResponse], timeout: float) -> InferResponse:
         try:

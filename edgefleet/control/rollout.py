@@ -13,13 +13,16 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edgefleet.control.judge import Finding, Metrics, Thresholds, check_thresholds
+from edgefleet.control.judge_models import JUDGED, Criterion, Finding, Metrics, Thresholds, check_thresholds
 from edgefleet.control.registry import EmptyGroupError
+from edgefleet.control.store import DeviceRecord, TelemetryPoint
 from edgefleet.core.errors import UserInputError
+from edgefleet.core.profiles import profile_lineage
 from edgefleet.core.topics import check_segment
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
@@ -58,6 +61,29 @@ class Timing(Frozen):
     min_reports: int = Field(default=2, description="telemetry reports needed per device and bundle")
 
 
+class ShadowPhase(Frozen):
+    """Before the first wave, the canary devices run the candidate as a shadow beside what they serve (desired
+    state `shadow_bundle_id`): it sees a sampled share of live requests and never answers. The rollout goes on
+    to the waves when every canary's shadow agrees and keeps up, and stops otherwise (nothing was served)."""
+
+    observe_s: float = Field(default=60.0, description="how long the shadow runs at least")
+    timeout_s: float = Field(default=300.0, description="without enough mirrored requests by then, the phase fails")
+    min_requests: int = Field(default=50, description="requests mirrored to the shadow before it is judged")
+    min_agreement: float = Field(default=0.99, description="worst per-output agreement with the served bundle")
+    max_latency_factor: float | None = Field(default=1.5, description="shadow p95 ≤ factor × the served p95")
+    latency_slack_ms: float = Field(default=0.0)
+
+    @model_validator(mode="after")
+    def _sense(self) -> ShadowPhase:
+        if self.observe_s <= 0 or self.timeout_s < self.observe_s:
+            raise ValueError("shadow observe must be > 0 s and its timeout at least that")
+        if self.min_requests < 1 or not 0 < self.min_agreement <= 1:
+            raise ValueError("shadow min requests must be ≥ 1 and min agreement in (0, 1]")
+        if self.max_latency_factor is not None and self.max_latency_factor < 1:
+            raise ValueError("shadow max latency factor must be ≥ 1")
+        return self
+
+
 class RolloutSpec(Frozen):
     group: str
     bundles: list[BundleRef] = Field(min_length=1)
@@ -66,6 +92,11 @@ class RolloutSpec(Frozen):
     thresholds: Thresholds = Field(default_factory=Thresholds)
     timing: Timing = Field(default_factory=Timing)
     max_failed_devices: int = Field(default=0, description="devices per wave that may fail before it fails")
+    allow_unjudged: list[Criterion] = Field(
+        default_factory=list,
+        description="criteria the operator allows to pass unjudged when data lacks (otherwise: no data, wave fails)",
+    )
+    shadow: ShadowPhase | None = Field(default=None, description="a shadow phase on the canary before the waves")
 
     @field_validator("group")
     @classmethod
@@ -89,6 +120,9 @@ class RolloutSpec(Frozen):
             problems.append("min reports must be at least 1")
         if self.max_failed_devices < 0:
             problems.append("max failed devices must be ≥ 0")
+        unknown = sorted(set(self.allow_unjudged) - set(JUDGED))
+        if unknown:
+            problems.append(f"allow unjudged: {', '.join(unknown)} cannot be allowed; choose from {', '.join(JUDGED)}")
         try:
             sizes = [parse_size(s) for s in [self.canary, *self.waves]]
         except RolloutSpecError as err:
@@ -104,7 +138,14 @@ class RolloutSpec(Frozen):
         return self
 
     def bundle_for(self, profile: str | None) -> BundleRef | None:
-        return next((b for b in self.bundles if b.profile == profile), None)
+        """The most specific bundle a device of `profile` runs: its own profile's, else one it refines."""
+        if profile is None:
+            return None
+        for name in profile_lineage(profile):
+            found = next((b for b in self.bundles if b.profile == name), None)
+            if found is not None:
+                return found
+        return None
 
 
 def parse_size(text: str) -> tuple[float, bool]:
@@ -194,6 +235,33 @@ class WaveProgress(BaseModel):
     verdict: str = ""
 
 
+class ShadowDevice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device_id: str
+    served_bundle: str | None = None
+    state: Literal["waiting", "running", "passed", "failed"] = "waiting"
+    requests: int = 0
+    agreement: float | None = None
+    shadow_p95_ms: float | None = None
+    served_p95_ms: float | None = None
+    findings: list[Finding] = Field(default_factory=list)
+    reason: str = ""
+
+
+class ShadowProgress(BaseModel):
+    """The shadow phase as it stands: per canary device, the candidate's figures beside the served bundle."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: Literal["pending", "running", "passed", "failed"] = "pending"
+    started_at: float | None = None
+    finished_at: float | None = None
+    paused_s: float = 0.0
+    devices: dict[str, ShadowDevice] = Field(default_factory=dict)
+    verdict: str = ""
+
+
 class RolloutDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -210,6 +278,7 @@ class RolloutDoc(BaseModel):
     ends_as: RolloutState | None = Field(default=None, description="the final state once a rollback completes")
     finished_at: float | None = None
     log: list[LogEntry] = Field(default_factory=list)
+    shadow: ShadowProgress | None = Field(default=None, description="the shadow phase, when the spec asks for one")
 
     def note(self, now: float, message: str) -> None:
         self.log.append(LogEntry(ts=now, message=message))
@@ -226,6 +295,16 @@ class RolloutDoc(BaseModel):
         return result
 
 
+@dataclass
+class Tick:
+    """What one engine tick reads once and shares between the rollouts it steps."""
+
+    now: float
+    devices: dict[str, DeviceRecord]
+    latest: dict[str, TelemetryPoint]
+    desired_changed: bool = False
+
+
 __all__ = [
     "ACTIVE_STATES",
     "BundleRef",
@@ -233,7 +312,10 @@ __all__ = [
     "RolloutDoc",
     "RolloutSpec",
     "RolloutSpecError",
+    "ShadowPhase",
+    "ShadowProgress",
     "Thresholds",
+    "Tick",
     "Timing",
     "WaveProgress",
     "order_devices",

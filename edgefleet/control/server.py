@@ -2,8 +2,9 @@
 
 Several processes may run against one broker and one store: each ingests its share of telemetry and
 events (shared subscriptions); the one holding the engine lease runs rollouts and publishes desired
-state; a process that dies loses the lease within `lease_ttl_s` and another takes over, reading the
-rollouts where the store left them.
+state, through a store view fenced by its lease term (`leadership`); a process that dies loses the lease
+within `lease_ttl_s` and another takes over within `lease_ttl_s + tick_s`, reading the rollouts where the
+store left them.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
+from edgefleet.control.broker_rights import RightsMode, open_rights
 from edgefleet.control.dashboard import DashboardServer
 from edgefleet.control.desired import DesiredPublisher
-from edgefleet.control.ingest import Ingestor
+from edgefleet.control.ingest import INGEST_IN_FLIGHT, Ingestor
+from edgefleet.control.leadership import Leadership
+from edgefleet.control.retained_janitor import RetainedJanitor
 from edgefleet.control.rollout_engine import ENGINE_LEASE, RolloutEngine
-from edgefleet.control.store import Store, open_store
+from edgefleet.control.store import Fence, FencedOut, Store
+from edgefleet.control.store_open import open_store
 from edgefleet.core.errors import EdgefleetError
 from edgefleet.core.mqtt import Connection, Protocol, TlsFiles
 from edgefleet.core.topics import DEFAULT_PREFIX, Topics
@@ -41,6 +46,7 @@ class ControlConfig:
     engine: bool = True
     http_host: str = "127.0.0.1"
     http_port: int | None = 8780
+    http_tls: tuple[str, str] | None = None  # the dashboard's certificate and key: HTTPS
     tick_s: float = 1.0
     sync_every_s: float = 5.0
     lease_ttl_s: float = 10.0
@@ -50,6 +56,8 @@ class ControlConfig:
     bucket_s: float = 60.0
     rollup_retention_s: float = 30 * 86400.0
     event_retention_s: float = 30 * 86400.0
+    broker_rights: RightsMode = "auto"  # see edgefleet.control.broker_rights
+    retained_sweep_s: float = 10.0  # clear retained messages devices leave outside their status (0: never)
 
 
 class ControlPlane:
@@ -64,12 +72,14 @@ class ControlPlane:
             protocol=config.protocol,
             tls=config.tls,
             session_expiry_s=config.session_expiry_s,
+            manual_ack=config.ingest,  # ingestion acknowledges a message once it is stored
+            receive_maximum=INGEST_IN_FLIGHT,
         )
         self.ingestor: Ingestor | None = None
         self.publisher = DesiredPublisher(self.conn, self.topics, self.store)
         self.engine = RolloutEngine(self.store, self.publisher)
         self.dashboard: DashboardServer | None = None
-        self.leader = False
+        self.leadership = Leadership(self.store, ENGINE_LEASE, self.holder, config.lease_ttl_s)
         self._stop = threading.Event()
         self._stopped = False
         self._threads: list[threading.Thread] = []
@@ -85,10 +95,14 @@ class ControlPlane:
         self.conn.start(wait=wait)
         if self.ingestor is not None:
             self.ingestor.check_shared()
+        self.publisher.rights = open_rights(self.conn, self.topics, self.config.broker_rights)
         if self.config.http_port is not None:
-            self.dashboard = DashboardServer(self.store, self.config.http_host, self.config.http_port).start()
+            self.dashboard = DashboardServer(
+                self.store, self.config.http_host, self.config.http_port, self.config.http_tls
+            ).start()
             log.info("dashboard on %s", self.dashboard.url)
         if self.config.engine:
+            self._spawn("engine-lease", self._lease_loop)
             self._spawn("rollout-engine", self._engine_loop)
         if self.config.ingest and self.config.compact_every_s > 0:
             self._spawn("compaction", self._compact_loop)
@@ -111,7 +125,7 @@ class ControlPlane:
             thread.join(10)
         if self.leader:
             try:
-                self.store.release_lease(ENGINE_LEASE, self.holder)
+                self.leadership.release()
             except EdgefleetError as err:
                 log.warning("cannot release the engine lease: %s", err)
         if retire and self.ingestor is not None and self.conn.connected:
@@ -123,6 +137,10 @@ class ControlPlane:
             self.dashboard.stop()
         self.store.close()
 
+    @property
+    def leader(self) -> bool:
+        return self.leadership.leader
+
     def request_stop(self) -> None:
         """Make `run_forever` return (safe from a signal handler)."""
         self._stop.set()
@@ -131,20 +149,41 @@ class ControlPlane:
         while not self._stop.wait(1.0):
             pass
 
-    def _engine_loop(self) -> None:
-        last_sync = 0.0
+    def _lease_loop(self) -> None:
+        """Renew (or take) the engine lease a few times per TTL, whatever the engine thread is doing."""
+        every = max(0.05, min(self.config.tick_s, self.config.lease_ttl_s / 4))
         while not self._stop.is_set():
             try:
-                now = time.time()
-                leader = self.store.acquire_lease(ENGINE_LEASE, self.holder, self.config.lease_ttl_s, now)
-                if leader != self.leader:
-                    log.info("%s the rollout engine lease", "took" if leader else "lost")
-                    self.leader = leader
-                if leader and self.conn.connected:
+                self.leadership.renew()
+            except Exception:  # a store that is away: the lease lapses if this lasts, and fencing covers that
+                log.exception("renewing the rollout engine lease failed")
+            self._stop.wait(every)
+
+    def _engine_loop(self) -> None:
+        last_sync = last_sweep = 0.0
+        janitor = RetainedJanitor(self.conn, self.topics)
+        current: Fence | None = None
+        while not self._stop.is_set():
+            fence, fenced = self.leadership.term()
+            try:
+                if fence is not None and fenced is not None and fence != current:  # a new term: fenced writers
+                    rights = self.publisher.rights
+                    self.publisher = DesiredPublisher(self.conn, self.topics, fenced)
+                    self.publisher.rights = rights
+                    self.engine = RolloutEngine(fenced, self.publisher)
+                    last_sync = 0.0
+                current = fence
+                if fence is not None and self.conn.connected:
                     if time.monotonic() - last_sync >= self.config.sync_every_s:
-                        self.publisher.sync()
                         last_sync = time.monotonic()
+                        self.publisher.sync()
                     self.engine.tick()
+                    managed = self.publisher.rights.managed  # on an open broker a sweep is pointless
+                    if managed and 0 < self.config.retained_sweep_s <= time.monotonic() - last_sweep:
+                        janitor.sweep()
+                        last_sweep = time.monotonic()
+            except FencedOut as err:
+                self.leadership.step_down(str(err), fence)
             except Exception:  # the engine outlives a busy store or a broker hiccup; the next tick retries
                 log.exception("rollout engine tick failed")
             self._stop.wait(self.config.tick_s)

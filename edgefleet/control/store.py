@@ -1,23 +1,23 @@
 """The control plane's store behind a URL: devices, telemetry, events, groups, desired state, rollouts.
 
-`open_store("sqlite:///var/lib/edgefleet/control.sqlite")` returns a `Store`. SQLite is the default and
-the only backend built here; the interface is what a PostgreSQL backend would implement (the SQL in the
-SQLite backend is standard apart from a few upserts), so a fleet that outgrows one machine swaps the URL,
-not the code. Every method is safe to call from several threads, and several processes may share one
-store: deduplication (`UNIQUE (device_id, seq, ts)`), leases and rollout commands are done in SQL, so
-they hold across processes too.
+`store_open.open_store(url)` returns a `Store`: `sqlite:///var/lib/edgefleet/control.sqlite` (one file, the
+embedded default for one machine) or `postgresql://user@host/edgefleet` (several control-plane instances on
+several machines). Both backends run the same SQL (`store_sql*`) and migrate their schema on open
+(`store_migrate`, `migrations/<dialect>/NNNN_*.sql`). Every method is safe to call from several threads, and
+several processes may share one store: deduplication (`UNIQUE (device_id, seq, ts)`), leases with fencing
+tokens and rollout commands are done in SQL, so they hold across processes too.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
-from edgefleet.core.errors import UserInputError
-from edgefleet.core.messages import DeviceStatus, Event, Telemetry
+from edgefleet.control.store_operator import OperatorStore
+from edgefleet.core.errors import EdgefleetError, UserInputError
+from edgefleet.core.messages import DeviceStatus, DriftScore, Event, GoldenTask, OutputScore, ShadowReport, Telemetry
 
 Scope = Literal["fleet", "group", "device"]
 FLEET_TARGET = "*"
@@ -25,6 +25,20 @@ FLEET_TARGET = "*"
 
 class StoreError(UserInputError):
     """The store URL is wrong, or the store cannot be opened."""
+
+
+class FencedOut(EdgefleetError):
+    """A write made under a lease that another holder has since taken over: it was not made."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A lease term: `token` grows every time the lease changes hands, so a write that carries an old token
+    (from a holder that stalled past its lease while another took over) is refused in the same transaction."""
+
+    lease: str
+    holder: str
+    token: int
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,39 @@ class SeriesPoint:
 
 
 @dataclass(frozen=True)
+class QualityPoint:
+    """What one report said about model quality: per-output golden scores, field accuracy, drift, shadow."""
+
+    device_id: str
+    seq: int | None
+    ts: float
+    bundle_id: str | None
+    field_accuracy: float | None = None
+    field_samples: int = 0
+    probe_requests: int = 0
+    golden: tuple[OutputScore, ...] = ()
+    drift: tuple[DriftScore, ...] = ()
+    shadow: ShadowReport | None = None
+    golden_task: GoldenTask | None = None  # the task rule's score on the golden set
+
+
+AlertLevel = Literal["info", "warning", "critical"]
+
+
+@dataclass(frozen=True)
+class AlertRecord:
+    """A control-plane event: a device crossed a drift band or its golden check turned (ingestion raises it)."""
+
+    device_id: str
+    ts: float
+    kind: str
+    subject: str
+    level: AlertLevel
+    bundle_id: str | None
+    detail: str
+
+
+@dataclass(frozen=True)
 class EventRecord:
     device_id: str
     seq: int | None
@@ -119,6 +166,7 @@ class Deployment:
     rollback: bool = False
     source: str = "operator"
     updated_at: float = 0.0
+    shadow_bundle_id: str | None = None  # a bundle the devices run beside it on mirrored requests, never serving
 
 
 @dataclass(frozen=True)
@@ -129,6 +177,7 @@ class PublishedDesired:
     bundle_id: str
     rollback: bool
     issued_at: float
+    shadow_bundle_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +211,7 @@ class Compaction:
     deleted_events: int
 
 
-class Store(abc.ABC):
+class Store(OperatorStore, abc.ABC):
     """Everything the control plane persists. Implementations must be thread-safe."""
 
     url: str
@@ -222,6 +271,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def telemetry_count(self, device_id: str | None = None) -> int: ...
 
+    # --- model quality (stored by `add_telemetry` with each report that carries any)
+    @abc.abstractmethod
+    def quality(
+        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None
+    ) -> list[QualityPoint]:
+        """Quality figures of one device's reports in [since, until), oldest first."""
+
+    @abc.abstractmethod
+    def latest_quality(self) -> dict[str, QualityPoint]:
+        """Each device's latest report that carried quality figures."""
+
+    @abc.abstractmethod
+    def alerts(self, device_id: str | None = None, since: float = 0.0, limit: int = 1000) -> list[AlertRecord]:
+        """Drift-band and golden-check crossings, oldest first (the newest `limit`); `since` on device clocks."""
+
     @abc.abstractmethod
     def compact(
         self,
@@ -259,6 +323,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def set_published(self, device_id: str, published: PublishedDesired | None) -> None: ...
 
+    def set_published_many(self, records: Sequence[tuple[str, PublishedDesired | None]]) -> None:
+        """`set_published` for many devices; the SQL stores do it in one transaction."""
+        for device_id, published in records:
+            self.set_published(device_id, published)
+
     @abc.abstractmethod
     def put_bundle(self, bundle: BundleRecord) -> None: ...
 
@@ -286,58 +355,26 @@ class Store(abc.ABC):
 
     # --- coordination between control-plane processes
     @abc.abstractmethod
-    def acquire_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
-        """Take or renew a lease; True when `holder` holds it until now + ttl_s."""
+    def acquire_lease(self, name: str, holder: str, ttl_s: float, now: float) -> int | None:
+        """Take or renew a lease; the term's fencing token (>= 1) when `holder` holds it until now + ttl_s, else None.
+
+        The token is the same for every renewal and grows whenever the lease changes hands (a release keeps it)."""
 
     @abc.abstractmethod
     def release_lease(self, name: str, holder: str) -> None: ...
 
     @abc.abstractmethod
     def lease(self, name: str) -> tuple[str, float] | None:
-        """(holder, expires_at) of a lease, or None."""
+        """(holder, expires_at) of a lease, or None (never taken, or released)."""
+
+    @abc.abstractmethod
+    def with_fence(self, fence: Fence) -> Store:
+        """This store, sharing its connections, whose rollout-state writes (rollouts, deployments, published
+        desired state) each check in their transaction that `fence` is still the lease's current term, and raise
+        FencedOut (writing nothing) when it is not. Closing it closes nothing."""
 
     @abc.abstractmethod
     def add_counters(self, deltas: Mapping[str, int]) -> None: ...
 
     @abc.abstractmethod
     def counters(self) -> dict[str, int]: ...
-
-
-Opener = Callable[[str], Store]
-_BACKENDS: dict[str, Opener] = {}
-
-
-def register_backend(scheme: str, opener: Opener) -> None:
-    _BACKENDS[scheme] = opener
-
-
-def _open_sqlite(url: str) -> Store:
-    from edgefleet.control.store_sqlite import SqliteStore
-
-    path = url.split("://", 1)[1] if "://" in url else url.removeprefix("sqlite:")
-    if not path or path in ("/", ":memory:", "/:memory:"):
-        raise StoreError(f"store URL {url!r} names no file; use sqlite:///absolute/path.sqlite")
-    return SqliteStore(Path(path), url)
-
-
-def _postgres_missing(url: str) -> Store:
-    raise StoreError(
-        "a PostgreSQL store is not built yet: implement edgefleet.control.store.Store for it and register it "
-        "with register_backend('postgresql', ...); use sqlite:///PATH meanwhile"
-    )
-
-
-register_backend("sqlite", _open_sqlite)
-register_backend("postgresql", _postgres_missing)
-register_backend("postgres", _postgres_missing)
-
-
-def open_store(url: str) -> Store:
-    """A store from its URL: `sqlite:///abs/path.sqlite`, `sqlite:relative.sqlite` or a plain file path."""
-    if "://" not in url and not url.startswith("sqlite:"):
-        return _open_sqlite(f"sqlite://{Path(url).resolve()}")
-    scheme = url.split(":", 1)[0].lower()
-    opener = _BACKENDS.get(scheme)
-    if opener is None:
-        raise StoreError(f"unknown store URL scheme {scheme!r} in {url!r}; valid: {', '.join(sorted(_BACKENDS))}")
-    return opener(url)

@@ -1,53 +1,17 @@
-// edgefleet dashboard: polls the control plane's JSON API and draws the fleet, plots (inline SVG) and rollouts.
-// No libraries, no network beyond this origin.
+// edgefleet dashboard: polls the control plane's JSON API and draws the fleet, the plots and the rollouts.
 "use strict";
 
-const COLORS = { p50: "#1f77b4", p95: "#d62728", golden: "#2ca02c" };
 const STATE_COLORS = {
   passed: "#2ca02c", installed: "#98df8a", deploying: "#1f77b4", baseline: "#aec7e8", waiting: "#e5e7eb",
   failed: "#d62728", "timed-out": "#ff7f0e", "rolling-back": "#ff9896", "rolled-back": "#9467bd",
   "rollback-timed-out": "#8c564b", kept: "#bcbd22",
 };
 const MAX_CHARTS = 12;
-const SVG = "http://www.w3.org/2000/svg";
-
-const state = { devices: [], selected: new Set(), chosenByUser: false, filter: "" };
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v; else if (k === "text") node.textContent = v; else node.setAttribute(k, v);
-  }
-  for (const child of children) node.append(child);
-  return node;
-}
-
-function svgEl(tag, attrs = {}) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
-  return node;
-}
-
-function fmt(value, digits = 3) {
-  return value === null || value === undefined ? "-" : Number(value).toFixed(digits);
-}
-
-function ago(seconds) {
-  if (seconds === null || seconds === undefined) return "-";
-  if (seconds < 90) return `${Math.max(0, Math.round(seconds))} s`;
-  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
-  return `${Math.round(seconds / 3600)} h`;
-}
-
-async function getJSON(path) {
-  const response = await fetch(path, { cache: "no-store" });
-  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
-  return response.json();
-}
+const view = { devices: [], selected: new Set(), chosenByUser: false, filter: "", groups: [], bundles: [] };
 
 // --- fleet table
 function renderFleet(data) {
-  state.devices = data.devices;
+  view.devices = data.devices;
   const online = data.devices.filter((d) => d.online).length;
   const c = data.counters || {};
   const engine = data.engine ? (data.engine.alive ? `engine: ${data.engine.holder}` : "engine: not running") : "engine: never ran";
@@ -55,135 +19,157 @@ function renderFleet(data) {
     `${online}/${data.devices.length} devices online · ${c["ingest.telemetry"] || 0} reports stored · ` +
     `${c["ingest.duplicates"] || 0} duplicates · ${(c["ingest.malformed"] || 0) + (c["ingest.unknown_device"] || 0) +
     (c["ingest.mismatched"] || 0)} refused · ${engine}`;
-  if (!state.chosenByUser) {
-    state.selected = new Set(data.devices.slice(0, 6).map((d) => d.device_id));
-  }
-  const tbody = document.querySelector("#fleet tbody");
+  if (!view.chosenByUser) view.selected = new Set(data.devices.slice(0, 6).map((d) => d.device_id));
+  const needle = view.filter.toLowerCase();
   const rows = [];
-  const needle = state.filter.toLowerCase();
   for (const d of data.devices) {
     const text = `${d.device_id} ${d.profile} ${d.bundle} ${d.state} ${Object.entries(d.labels).join(" ")}`.toLowerCase();
     if (needle && !text.includes(needle)) continue;
     const labels = Object.entries(d.labels).map(([k, v]) => `${k}=${v}`).concat(d.groups.map((g) => `group=${g}`));
-    const tr = el("tr", { "data-device": d.device_id, class: state.selected.has(d.device_id) ? "selected" : "" },
+    const tr = el("tr", { "data-device": d.device_id, class: view.selected.has(d.device_id) ? "selected" : "" },
       el("td", { text: d.device_id }),
       el("td", {}, el("span", { class: `dot ${d.online ? "on" : "off"}`, title: d.online ? "online" : "offline" })),
-      el("td", { text: d.state }), el("td", { text: d.profile || "-" }), el("td", { text: d.bundle || "-" }),
+      el("td", { class: "state", text: d.state + (d.warnings && d.warnings.length ? ` ⚠ ${d.warnings.join("; ")}` : "") }),
+      el("td", { text: d.profile || "-" }), el("td", { text: d.bundle || "-" }),
       el("td", { text: d.verified ? "yes" : "no" }),
       el("td", { class: "num", text: fmt(d.p50_ms) }), el("td", { class: "num", text: fmt(d.p95_ms) }),
       el("td", { class: "num", text: fmt(d.golden_agreement, 2) }), el("td", { class: "num", text: fmt(d.cpu_percent, 0) }),
-      el("td", { class: "num", text: fmt(d.rss_mb, 0) }), el("td", { text: labels.join(", ") }),
+      el("td", { class: "num", text: fmt(d.rss_mb, 0) }), el("td", { class: "labels", text: labels.join(", ") }),
       el("td", { text: ago(d.telemetry_age_s ?? d.status_age_s) }));
     tr.addEventListener("click", () => toggle(d.device_id));
     rows.push(tr);
   }
-  tbody.replaceChildren(...rows);
+  document.querySelector("#fleet tbody").replaceChildren(...rows);
+  setOptions(document.getElementById("lf-device"), data.devices.map((d) => d.device_id));
 }
 
 function toggle(deviceId) {
-  if (!state.chosenByUser) { state.selected = new Set(); state.chosenByUser = true; }
-  if (state.selected.has(deviceId)) state.selected.delete(deviceId);
-  else if (state.selected.size < MAX_CHARTS) state.selected.add(deviceId);
-  for (const tr of document.querySelectorAll("#fleet tbody tr")) {
-    tr.classList.toggle("selected", state.selected.has(tr.dataset.device));
-  }
+  if (!view.chosenByUser) { view.selected = new Set(); view.chosenByUser = true; }
+  if (view.selected.has(deviceId)) view.selected.delete(deviceId);
+  else if (view.selected.size < MAX_CHARTS) view.selected.add(deviceId);
+  for (const tr of document.querySelectorAll("#fleet tbody tr")) tr.classList.toggle("selected", view.selected.has(tr.dataset.device));
   refreshCharts();
 }
 
 // --- plots
-// A line chart: one path per series, gaps where a value is missing; y from 0 (or yMin) to the data's max.
-function lineChart(points, series, opts) {
-  const W = 400, H = 120, L = 44, R = 8, T = 8, B = 18;
-  const svg = svgEl("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", "data-kind": opts.kind });
-  const xs = points.map((p) => p.ts);
-  // The x axis starts at the first point when the history is shorter than the window (a new device).
-  const x0 = points.length ? Math.max(opts.since, Math.min(points[0].ts, opts.until - 10)) : opts.since;
-  const x1 = opts.until;
-  let yMax = opts.yMax ?? 0;
-  let yMin = opts.yMin ?? 0;
-  for (const s of series) for (const p of points) if (p[s.key] !== null && p[s.key] !== undefined) yMax = Math.max(yMax, p[s.key]);
-  if (opts.yMax === undefined) yMax = yMax > 0 ? yMax * 1.1 : 1;
-  if (yMax <= yMin) yMax = yMin + 1;
-  const X = (t) => L + ((t - x0) / Math.max(1e-9, x1 - x0)) * (W - L - R);
-  const Y = (v) => T + (1 - (v - yMin) / (yMax - yMin)) * (H - T - B);
-  svg.append(svgEl("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
-  svg.append(svgEl("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
-  const label = (x, y, text, anchor = "end") => {
-    const t = svgEl("text", { x, y, "text-anchor": anchor }); t.textContent = text; svg.append(t);
-  };
-  label(L - 4, T + 8, `${opts.format(yMax)}`);
-  label(L - 4, H - B, `${opts.format(yMin)}`);
-  label(L, H - 4, new Date(x0 * 1000).toLocaleTimeString(), "start");
-  label(W - R, H - 4, new Date(x1 * 1000).toLocaleTimeString());
-  for (const s of series) {
-    let d = "";
-    let pen = false;
-    points.forEach((p, i) => {
-      const v = p[s.key];
-      if (v === null || v === undefined) { pen = false; return; }
-      const cmd = pen ? "L" : "M";
-      d += `${cmd}${X(xs[i]).toFixed(1)},${Y(v).toFixed(1)} `;
-      pen = true;
-    });
-    // A lone point still shows: a short horizontal stroke.
-    if (d && !d.includes("L")) d += `l4,0`;
-    if (d) svg.append(svgEl("path", { class: "line", d: d.trim(), stroke: s.color, "data-series": s.key }));
-  }
-  return svg;
-}
-
 async function refreshCharts() {
-  const container = document.getElementById("charts");
   const windowS = Number(document.getElementById("window").value);
-  const ids = [...state.selected].slice(0, MAX_CHARTS);
+  const ids = [...view.selected].slice(0, MAX_CHARTS);
   const cards = await Promise.all(ids.map(async (id) => {
     try {
       const data = await getJSON(`/api/devices/${encodeURIComponent(id)}/series?window=${windowS}&points=240`);
-      const card = el("div", { class: "card", "data-device": id });
       const last = data.points.length ? data.points[data.points.length - 1] : null;
-      card.append(el("h3", {}, el("span", { text: id }), el("span", { class: "muted", text: last && last.bundle ? last.bundle : "" })));
-      const opts = { since: data.since, until: data.until };
-      card.append(lineChart(data.points, [{ key: "p50_ms", color: COLORS.p50 }, { key: "p95_ms", color: COLORS.p95 }],
-        { ...opts, kind: "latency", format: (v) => `${v.toFixed(2)} ms` }));
-      card.append(lineChart(data.points, [{ key: "golden_agreement", color: COLORS.golden }],
-        { ...opts, kind: "golden", yMin: 0, yMax: 1.05, format: (v) => v.toFixed(2) }));
-      return card;
+      return plotCard(id, last && last.bundle ? last.bundle : "", data, { "data-device": id });
     } catch (err) {
       return el("div", { class: "card", text: `${id}: ${err.message}` });
     }
   }));
-  container.replaceChildren(...cards);
+  document.getElementById("charts").replaceChildren(...cards);
+  const group = document.getElementById("group-chart").value;
+  const box = document.getElementById("group-charts");
+  if (!group) { box.replaceChildren(); return; }
+  try {
+    const data = await getJSON(`/api/groups/${encodeURIComponent(group)}/series?window=${windowS}&points=120`);
+    box.replaceChildren(plotCard(`group ${group}`, `${data.members.length} devices; mean of members, p95_ms_max the worst`,
+      data, { "data-group": group }));
+  } catch (err) {
+    box.replaceChildren(el("div", { class: "card", text: `${group}: ${err.message}` }));
+  }
 }
 
 // --- rollouts
+function rolloutButtons(r) {
+  const buttons = el("span", { class: "buttons" });
+  const verbs = [];
+  if (r.state === "pending" || r.state === "running") verbs.push("pause");
+  if (r.state === "paused") verbs.push("resume");
+  if (r.active && r.state !== "rolling-back") verbs.push("abort");
+  if (r.state === "succeeded") verbs.push("rollback");
+  for (const verb of verbs) {
+    const button = el("button", { type: "button", class: `act ${verb}`, "data-action": verb, text: verb });
+    button.addEventListener("click", () => rolloutAction(r.id, verb, button));
+    buttons.append(button);
+  }
+  return buttons;
+}
+
+function findingsTable(wave) {
+  const details = el("details", { class: "findings", "data-wave": wave.index });
+  details.append(el("summary", { text: `${wave.index === 0 ? "canary" : `wave ${wave.index}`}: ${wave.verdict || wave.state}` }));
+  const rows = wave.findings.map((d) => el("tr", { "data-device": d.device_id },
+    el("td", { text: d.device_id }), el("td", { text: d.state }), el("td", { class: "num", text: fmt(d.baseline_p95_ms) }),
+    el("td", { class: "num", text: fmt(d.p95_ms) }), el("td", { class: "num", text: fmt(d.golden_agreement, 3) }),
+    el("td", { text: d.findings.map((f) => `${f.ok === true ? "✓" : f.ok === false ? "✗" : "…"} ${f.criterion}: ${f.detail}`).join("\n") || d.reason })));
+  details.append(el("table", {}, el("thead", {}, el("tr", {}, ...["device", "state", "baseline p95", "p95", "golden", "findings"]
+    .map((h) => el("th", { text: h })))), el("tbody", {}, ...rows)));
+  return details;
+}
+
+const openFindings = new Set();
+
 function renderRollouts(data) {
   const container = document.getElementById("rollouts");
+  for (const d of container.querySelectorAll("details.findings[open]")) openFindings.add(`${d.closest(".rollout").dataset.rollout}/${d.dataset.wave}`);
+  for (const d of container.querySelectorAll("details.findings:not([open])")) openFindings.delete(`${d.closest(".rollout").dataset.rollout}/${d.dataset.wave}`);
   if (!data.rollouts.length) { container.replaceChildren(el("p", { class: "muted", text: "none yet" })); return; }
+  const now = Date.now() / 1000;
   container.replaceChildren(...data.rollouts.map((r) => {
     const box = el("div", { class: "rollout", "data-rollout": r.id, "data-state": r.state });
     box.append(el("div", { class: "head" },
       el("strong", { text: r.id }), el("span", { class: `badge ${r.state}`, text: r.state }),
-      el("span", { class: "muted", text: `group ${r.group} · ${r.bundles.join(", ")}` })));
+      el("span", { class: "muted", text: `group ${r.group} · ${r.bundles.join(", ")}` }), rolloutButtons(r)));
     const waves = el("div", { class: "waves" });
     for (const w of r.waves) {
       const bar = el("div", { class: "bar", title: JSON.stringify(w.counts) });
       for (const [s, n] of Object.entries(w.counts)) {
         bar.append(el("span", { style: `width:${(100 * n) / w.devices}%;background:${STATE_COLORS[s] || "#999"}`, title: `${s}: ${n}` }));
       }
-      const name = w.index === 0 ? "canary" : `wave ${w.index}`;
       waves.append(el("div", { class: "wave", "data-wave": w.index, "data-state": w.state },
-        el("span", { text: `${name} (${w.devices})` }), bar,
+        el("span", { text: `${w.index === 0 ? "canary" : `wave ${w.index}`} (${w.devices})` }), bar,
         el("span", { class: "muted", text: w.verdict || w.state })));
     }
-    box.append(waves);
-    if (r.outcome) box.append(el("div", { text: r.outcome }));
+    box.append(waves, timeline(r, now));
+    for (const w of r.waves) {
+      if (!w.started_at) continue;
+      const details = findingsTable(w);
+      details.open = openFindings.has(`${r.id}/${w.index}`);
+      box.append(details);
+    }
+    if (r.outcome) box.append(el("div", { class: "outcome", text: r.outcome }));
     if (r.failures.length) {
       box.append(el("div", { class: "failures", text: r.failures.slice(0, 5).map((f) => `${f.device_id} ${f.state}: ${f.reason}`).join("\n") }));
     }
-    const lines = r.log.map((e) => `${new Date(e.ts * 1000).toLocaleTimeString()} ${e.message}`).reverse();
+    const lines = r.log.map((e) => `${clock(e.ts)} ${e.message}`).reverse();
     box.append(el("div", { class: "log", text: lines.join("\n") }));
     return box;
   }));
+}
+
+// --- desired state, audit
+function renderDesired(data) {
+  document.querySelector("#desired tbody").replaceChildren(...data.deployments.map((d) => el("tr", {},
+    el("td", { text: d.scope }), el("td", { text: d.target }), el("td", { text: d.profile }), el("td", { text: d.bundle_id }),
+    el("td", { text: d.rollback ? "yes" : "" }), el("td", { text: d.source }))));
+}
+
+function renderAudit(data) {
+  document.querySelector("#audit tbody").replaceChildren(...data.entries.map((e) => el("tr", { "data-action": e.action, "data-outcome": e.outcome.split(":")[0] },
+    el("td", { text: clock(e.ts) }), el("td", { text: e.actor }), el("td", { text: e.via }), el("td", { text: e.action }),
+    el("td", { text: e.target }), el("td", { text: e.outcome }),
+    el("td", { class: "detail", text: Object.keys(e.detail).length ? JSON.stringify(e.detail) : "" }))));
+}
+
+function renderChoices(groups, bundles) {
+  view.groups = groups.groups;
+  view.bundles = bundles.bundles;
+  const names = groups.groups.map((g) => g.name);
+  setOptions(document.getElementById("rf-group"), names, (n) => `${n} (${groups.groups.find((g) => g.name === n).members.length})`);
+  const chart = document.getElementById("group-chart");
+  setOptions(chart, ["", ...names], (n) => n || "(none)");
+  const ids = bundles.bundles.map((b) => b.bundle_id);
+  const label = (id) => { const b = bundles.bundles.find((x) => x.bundle_id === id); return `${id} (${b.profile}, v${b.model_version})`; };
+  setOptions(document.getElementById("rf-bundles"), ids, label);
+  setOptions(document.getElementById("df-bundle"), ids, label);
 }
 
 async function refresh() {
@@ -197,13 +183,28 @@ async function refresh() {
   }
 }
 
-document.getElementById("filter").addEventListener("input", (e) => { state.filter = e.target.value; refresh(); });
+async function refreshSlow() {
+  try {
+    const [groups, bundles, desired, audit] = await Promise.all(
+      ["/api/groups", "/api/bundles", "/api/desired", "/api/audit"].map(getJSON));
+    renderChoices(groups, bundles);
+    renderDesired(desired);
+    renderAudit(audit);
+  } catch (err) {
+    document.getElementById("summary").textContent = `cannot reach the control plane: ${err.message}`;
+  }
+}
+
+document.getElementById("filter").addEventListener("input", (e) => { view.filter = e.target.value; refresh(); });
 document.getElementById("window").addEventListener("change", refreshCharts);
+document.getElementById("group-chart").addEventListener("change", refreshCharts);
 
 (async function main() {
-  await refresh();
+  await loadSession();
+  await Promise.all([refresh(), refreshSlow()]);
   await refreshCharts();
   document.body.dataset.charts = "true";
   setInterval(refresh, 2000);
+  setInterval(refreshSlow, 3000);
   setInterval(refreshCharts, 5000);
 })();

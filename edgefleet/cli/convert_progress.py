@@ -1,0 +1,42 @@
+"""Progress bars for `edgefleet convert`: what the search is doing now, and how far each phase has come.
+
+One line carries the converter's latest message (the candidate being built, retried or signed); below it, a bar
+per phase that reports its progress (candidates built of those planned, timing rounds done). Drawn on stderr
+and cleared at the end, so `--json` output stays clean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+from edgefleet.converter import phases
+
+LABELS = {"build": "candidates", "timing": "timing rounds"}
+
+
+@contextmanager
+def convert_progress() -> Iterator[Callable[[str], None]]:
+    """Yields the `progress` callback for `convert`; phase bars follow `converter.phases.step` events."""
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        status = bar.add_task("converting", total=None)
+        tasks: dict[str, TaskID] = {}
+
+        def on_step(name: str, done: int, total: int, what: str) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(LABELS.get(name, name), total=total or None)
+            label = LABELS.get(name, name) + (f": {what}" if what else "")
+            bar.update(tasks[name], completed=done, total=total or None, description=label)
+
+        with phases.listening(on_step):
+            yield lambda message: bar.update(status, description=message)

@@ -1,0 +1,96 @@
+"""`edgefleet desired list|set|clear`: desired state in the store (a fleet-wide base, group deployments, device
+overrides); the control plane publishes it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edgefleet.cli.common import add_broker, add_json, print_json, print_table
+from edgefleet.cli.control_common import add_store, open_from, publish_bundles
+
+if TYPE_CHECKING:
+    from edgefleet.control.store import Scope
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    _register_desired(sub)
+
+
+# --- desired state
+def _register_desired(sub: argparse._SubParsersAction) -> None:
+    desired = sub.add_parser("desired", help="desired state: a fleet-wide base, group deployments, device overrides")
+    verbs = desired.add_subparsers(dest="verb", required=True, metavar="VERB")
+    listing = verbs.add_parser("list", help="every deployment, most specific first")
+    add_store(listing)
+    add_json(listing)
+    listing.set_defaults(func=cmd_desired_list)
+    put = verbs.add_parser("set", help="publish a bundle and make it desired for the fleet, a group or a device")
+    put.add_argument("bundle", type=Path)
+    scope = put.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--fleet", action="store_true", help="the base deployment for the bundle's profile")
+    scope.add_argument("--group", help="a group's deployment")
+    scope.add_argument("--device", help="a device override")
+    put.add_argument("--rollback", action="store_true", help="allow devices to go back to an older version")
+    add_broker(put)
+    add_store(put)
+    add_json(put)
+    put.set_defaults(func=cmd_desired_set)
+    clear = verbs.add_parser("clear", help="remove a deployment (the next less specific one applies)")
+    scope = clear.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--fleet", action="store_true")
+    scope.add_argument("--group")
+    scope.add_argument("--device")
+    clear.add_argument("--profile", help="only this profile's deployment")
+    add_store(clear)
+    clear.set_defaults(func=cmd_desired_clear)
+
+
+def cmd_desired_list(args: argparse.Namespace) -> None:
+    store = open_from(args)
+    try:
+        order = {"device": 0, "group": 1, "fleet": 2}
+        rows = sorted(store.deployments(), key=lambda d: (order[d.scope], d.target, d.profile))
+    finally:
+        store.close()
+    if args.json:
+        print_json({"deployments": rows})
+        return
+    print_table(
+        "desired state (device overrides, then groups, then the fleet base)",
+        ["scope", "target", "profile", "bundle", "version", "rollback", "source"],
+        [(d.scope, d.target, d.profile, d.bundle_id, d.model_version, "yes" if d.rollback else "", d.source)
+         for d in rows],
+    )  # fmt: skip
+
+
+def cmd_desired_set(args: argparse.Namespace) -> None:
+    from edgefleet.control import operations as ops
+
+    scope: Scope = "fleet" if args.fleet else "group" if args.group else "device"
+    target = None if args.fleet else (args.group or args.device)
+    store = open_from(args)
+    try:
+        (manifest,) = publish_bundles(args, store, [args.bundle])
+        (record,) = ops.published_bundles(store, [manifest.bundle_id])
+        deployment = ops.set_desired(store, ops.Operator.shell(), scope, target, record, args.rollback)
+    finally:
+        store.close()
+    if args.json:
+        print_json(deployment)
+    else:
+        print(f"{manifest.bundle_id} desired for {scope} {deployment.target} ({manifest.profile}); "
+              "the control plane publishes it")  # fmt: skip
+
+
+def cmd_desired_clear(args: argparse.Namespace) -> None:
+    from edgefleet.control import operations as ops
+
+    scope: Scope = "fleet" if args.fleet else "group" if args.group else "device"
+    store = open_from(args)
+    try:
+        removed = ops.clear_desired(store, ops.Operator.shell(), scope, args.group or args.device, args.profile)
+    finally:
+        store.close()
+    print(f"removed {removed} deployment(s) of {scope} {args.group or args.device or 'fleet'}")

@@ -1,0 +1,72 @@
+"""`edgefleet control token`: issue, list and revoke the operator tokens the dashboard and its API require."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from edgefleet.cli.common import add_json, print_json, print_table
+from edgefleet.cli.control_common import add_store, duration, open_from
+from edgefleet.core.errors import UserInputError
+
+
+def register_token(verbs: argparse._SubParsersAction) -> None:
+    token = verbs.add_parser(
+        "token", help="issue an operator token for the dashboard (only its sha256 is stored), or list/revoke them"
+    )
+    token.add_argument("--name", default="operator", help="who the token is for; the audit trail names them")
+    token.add_argument("--ttl", type=duration, default=None, help="expire after this long (e.g. 12h, 90d)")
+    token.add_argument("--list", action="store_true", help="list tokens (names and dates, never secrets)")
+    token.add_argument("--revoke", metavar="NAME", help="revoke this name's token (its sessions end at once)")
+    add_store(token)
+    add_json(token)
+    token.set_defaults(func=cmd_control_token)
+
+
+def cmd_control_token(args: argparse.Namespace) -> None:
+    from edgefleet.control.dashboard_auth import issue_token
+    from edgefleet.control.operations import Operator, audited
+
+    store = open_from(args)
+    try:
+        if args.list:
+            rows: list[dict[str, Any]] = [
+                {"name": t.name, "created_at": t.created_at, "expires_at": t.expires_at, "revoked_at": t.revoked_at,
+                 "valid": t.valid(time.time())}
+                for t in store.tokens()
+            ]  # fmt: skip
+            if args.json:
+                print_json({"tokens": rows})
+            else:
+                print_table("dashboard tokens", ["name", "created", "expires", "state"], [
+                    (r["name"], _when(r["created_at"]), _when(r["expires_at"]) or "never",
+                     "valid" if r["valid"] else "revoked" if r["revoked_at"] else "expired")
+                    for r in rows
+                ])  # fmt: skip
+            return
+        who = Operator.shell()
+        if args.revoke:
+            with audited(store, who, "token.revoke", args.revoke):
+                if not store.revoke_token(args.revoke, time.time()):
+                    raise UserInputError(f"no live token named {args.revoke!r}")
+            print_json({"revoked": args.revoke}) if args.json else print(f"token {args.revoke} revoked")
+            return
+        with audited(store, who, "token.issue", args.name, ttl_s=args.ttl):
+            secret = issue_token(store, args.name, args.ttl)
+    finally:
+        store.close()
+    if args.json:
+        print_json({"name": args.name, "token": secret, "store": args.store})
+    else:
+        print(secret)
+        print(
+            f"(token for {args.name!r}, shown once; the store {args.store} keeps only its sha256. Log in to the "
+            "dashboard with it, or send it as 'Authorization: Bearer TOKEN'.)",
+            file=sys.stderr,
+        )
+
+
+def _when(ts: float | None) -> str | None:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else None
