@@ -1,0 +1,172 @@
+"""The fleet bench's moving parts: simulator processes that grow step by step, the control-plane instances, the
+broker and the database, and CPU accounting. `bench/fleet.py` drives them."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the helpers that start Mosquitto, PostgreSQL and `control serve`
+
+from edgefleet.control.simulate import SimFleet  # noqa: E402
+from edgefleet.core.mqtt import Connection  # noqa: E402
+
+from brokers import MosquittoBroker  # noqa: E402
+from control_procs import ServeProcess  # noqa: E402
+from pg_server import PostgresServer  # noqa: E402
+
+BLOCK = 128 * 1024
+
+
+def worker(pipe: Pipe, broker: str, device_ids: list[str], interval: float) -> None:
+    """One simulator process: its devices (one real MQTT connection each) on one select loop; answers the bench."""
+    fleet = SimFleet(broker, device_ids, groups=["bench"], telemetry_interval=interval, connect_per_tick=100).start()
+    pipe.send(fleet.wait_connected(300))
+    while True:
+        command, arg = pipe.recv()
+        if command == "stats":
+            pipe.send(fleet.snapshot())
+        elif command == "raw":
+            fleet.raw_subscribe(arg[0], arg[1])
+            pipe.send(True)
+        elif command == "commits":
+            pipe.send(list(fleet.commits))
+        elif command == "stop":
+            fleet.stop(drain_s=30.0)
+            pipe.send({"stats": fleet.stats.as_dict(), "acked": {d.device_id: d.acked_telemetry
+                                                                  for d in fleet.devices.values()}})  # fmt: skip
+            return
+
+
+class Sims:
+    """Simulator processes, `per_proc` devices each; `grow(n)` adds processes until n devices run."""
+
+    def __init__(self, broker: str, per_proc: int, interval: float) -> None:
+        self.broker, self.per_proc, self.interval = broker, per_proc, interval
+        self.ids: list[str] = []
+        self.pipes: list[Pipe] = []
+        self.procs: list[Any] = []
+        self._ctx = multiprocessing.get_context("spawn")
+
+    def grow(self, count: int) -> None:
+        started = []
+        while len(self.ids) < count:
+            ids = [f"bench-{i:05d}" for i in range(len(self.ids), min(count, len(self.ids) + self.per_proc))]
+            mine, theirs = self._ctx.Pipe()
+            proc = self._ctx.Process(target=worker, args=(theirs, self.broker, ids, self.interval), daemon=True)
+            proc.start()
+            self.ids += ids
+            self.pipes.append(mine)
+            self.procs.append(proc)
+            started.append(mine)
+        if not all(pipe.recv() for pipe in started):
+            raise RuntimeError("simulated agents did not all connect (file descriptors? see ulimit -n)")
+
+    def ask(self, command: str, arg: Any = None) -> list[Any]:
+        for pipe in self.pipes:
+            pipe.send((command, arg))
+        return [pipe.recv() for pipe in self.pipes]
+
+    def total(self, key: str) -> int:
+        return sum(int(s[key]) for s in self.ask("stats"))
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def postgres_pids(server: PostgresServer) -> list[int]:
+    """The postmaster and its backends (the server's CPU is theirs together)."""
+    pid_file = server.datadir / "postmaster.pid"
+    try:
+        main = psutil.Process(int(pid_file.read_text().split()[0]))
+    except (OSError, ValueError, psutil.Error):
+        return []
+    return [main.pid, *(c.pid for c in main.children(recursive=True))]
+
+
+@contextlib.contextmanager
+def backend_store(kind: str, work: Path) -> Iterator[tuple[str, PostgresServer | None]]:
+    """(store URL, the PostgreSQL server or None) for one backend."""
+    if kind == "sqlite":
+        yield f"sqlite://{work}/control.sqlite", None
+        return
+    with PostgresServer(durable=True) as server:  # fsync on: write latency as a real deployment sees it
+        yield server.create_database("bench"), server
+
+
+@contextlib.contextmanager
+def instances(broker: str, store_url: str, count: int, work: Path) -> Iterator[list[ServeProcess]]:
+    options = ("--tick", "0.5", "--share-group", "bench", "--session-expiry", "120")
+    procs = [ServeProcess(broker, store_url, f"bench-{i}", work, *options) for i in range(count)]
+    try:
+        for proc in procs:
+            proc.start(timeout=120)
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def broker(agents: int) -> MosquittoBroker:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max(soft, min(hard, 4 * agents + 1024))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # Mosquitto and the simulators inherit it
+    return MosquittoBroker(extra_config=["max_connections -1", "max_queued_messages 100000",
+                                         "max_inflight_messages 64"])  # fmt: skip
+
+
+def raw_fanout(host: Connection, sims: Sims, devices: list[str], size: int) -> float:
+    """Seconds from the first publish until every subscriber holds all `size` bytes (plain QoS 1 messages)."""
+    tag = f"fanout-{time.monotonic_ns()}"
+    sims.ask("raw", (tag, devices))
+    time.sleep(1.0)
+    before = sims.total("raw_bytes")
+    payload = os.urandom(BLOCK)
+    start = time.perf_counter()
+    infos = [host.publish(f"bench/raw/{tag}", payload[: min(BLOCK, size - off)], qos=1)
+             for off in range(0, size, BLOCK)]  # fmt: skip
+    for info in infos:
+        info.wait_for_publish(120)
+    want = before + size * len(devices)
+    deadline = time.monotonic() + 600
+    while sims.total("raw_bytes") < want:
+        if time.monotonic() > deadline:
+            raise RuntimeError("raw fan-out did not complete")
+        time.sleep(0.05)
+    return time.perf_counter() - start
+
+
+def lost(store: Any, acked: dict[str, list[int]], settle_s: float = 120.0) -> tuple[int, int]:
+    """(acknowledged reports missing from the store, reports stored twice), once ingestion caught up."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        missing = dup = 0
+        for device, seqs in acked.items():
+            stored = [p.seq for p in store.telemetry(device, 0.0)]
+            have = set(stored)
+            dup += len(stored) - len(have)
+            missing += sum(1 for s in seqs if s not in have)
+        if missing == 0 or time.monotonic() > deadline:
+            return missing, dup
+        time.sleep(1.0)
