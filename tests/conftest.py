@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from edgefleet.control import keyring
 from edgefleet.control.embedded_broker import EmbeddedBroker
 from edgefleet.core.mqtt import Connection
-from edgefleet.core.signing import SigningKey, generate_keypair
+from edgefleet.core.profiles import Profile
+from edgefleet.core.signing import SigningKey, TrustedKeys
 from edgefleet.core.topics import Topics
 
 from brokers import MosquittoBroker
 from fleet_helpers import DIGITS, AgentProcess, FleetWatcher
+from pg_server import PostgresServer
+
+# The attack ledger's fixture and its end-of-session table (tests/attack_ledger.py).
+pytest_plugins = ["attack_ledger"]
 
 
 @pytest.fixture(scope="session")
@@ -24,15 +31,56 @@ def mosquitto() -> Iterator[MosquittoBroker]:
 
 
 @pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (initdb + pg_ctl) on a free port. Fails (never skips) when it is not installed."""
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def embedded_broker() -> Iterator[EmbeddedBroker]:
     with EmbeddedBroker() as broker:
         yield broker
 
 
+@pytest.fixture(scope="session", autouse=True)
+def host_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[keyring.HostKeys]:
+    """The session's key directory, as `edgefleet keys init` makes it: root (agents pin root.pub), the bundle
+    and ops role keys and the root-signed key set. EDGEFLEET_HOME points at it for the whole session (autouse: a
+    test that starts `control serve` or a CLI subprocess gets the keys whatever ran before it), so host code
+    (publish, deploy, the control plane) and CLI subprocesses sign with these keys."""
+    home = tmp_path_factory.mktemp("edgefleet-home")
+    keyring.init(home / "keys")
+    previous = os.environ.get("EDGEFLEET_HOME")
+    os.environ["EDGEFLEET_HOME"] = str(home)
+    yield keyring.HostKeys(home / "keys")
+    if previous is None:
+        os.environ.pop("EDGEFLEET_HOME", None)
+    else:
+        os.environ["EDGEFLEET_HOME"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_keys(host_keys: keyring.HostKeys) -> keyring.HostKeys:
+    return host_keys
+
+
 @pytest.fixture(scope="session")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(private key, public key) used to sign every test bundle."""
-    return generate_keypair(tmp_path_factory.mktemp("keys"))
+def keys(host_keys: keyring.HostKeys) -> tuple[Path, Path]:
+    """(private key, public key) of the bundle role, which signs every test bundle."""
+    return host_keys.directory / "bundle.key", host_keys.directory / "bundle.pub"
+
+
+@pytest.fixture(scope="session")
+def root_pub(host_keys: keyring.HostKeys) -> Path:
+    """The root public key agents pin (`--trust`)."""
+    return host_keys.root_public()
+
+
+@pytest.fixture
+def trusted(keys: tuple[Path, Path]) -> TrustedKeys:
+    """The keys a device trusts: the session's bundle public key."""
+    return TrustedKeys.load([keys[1]])
 
 
 @pytest.fixture(scope="session")
@@ -50,16 +98,29 @@ def demo_bundles(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningK
     results = convert(
         ConvertRequest(
             model=DIGITS / "digits_cnn.onnx",
-            profiles=[get_profile("intel-x86-vnni"), get_profile("generic-x86-64")],
+            profiles=[_demo_profile(get_profile(name)) for name in ("intel-x86-vnni", "generic-x86-64")],
             calib=DIGITS / "calib.npz",
             eval=DIGITS / "eval.npz",
             out=out,
             key=signing_key,
             name="digits-cnn",
             version="1",
+            # ONNX files, so tests can edit the model; FP32 or INT8 is still the converter's choice by speed on the
+            # machine that runs the tests, and the tests hold for either.
+            runtimes=("onnxruntime",),
         )
     )
     return {r.profile: Path(r.bundle) for r in results if r.bundle}
+
+
+def _demo_profile(profile: Profile) -> Profile:
+    """EDGEFLEET_TEST_DEMO_PRECISION=int8-static (or fp32) restricts the demo profiles to that recipe, to run the
+    suite here under the recipe another CPU picks (CI's has picked INT8 where this one picked FP32)."""
+    forced = os.environ.get("EDGEFLEET_TEST_DEMO_PRECISION")
+    if not forced:
+        return profile
+    targets = [t.model_copy(update={"precisions": [forced]}) for t in profile.targets]
+    return profile.model_copy(update={"targets": targets})
 
 
 @pytest.fixture
@@ -75,15 +136,13 @@ def topics() -> Topics:
 
 
 @pytest.fixture
-def start_agent(
-    tmp_path: Path, keys: tuple[Path, Path], mosquitto: MosquittoBroker
-) -> Iterator[Callable[..., AgentProcess]]:
+def start_agent(tmp_path: Path, root_pub: Path, mosquitto: MosquittoBroker) -> Iterator[Callable[..., AgentProcess]]:
     """Start real agent subprocesses; every one still running is stopped at teardown."""
     started: list[AgentProcess] = []
 
     def start(device_id: str = "dev-1", **options: object) -> AgentProcess:
         options.setdefault("broker", mosquitto.url)
-        options.setdefault("trust", keys[1])
+        options.setdefault("trust", root_pub)
         agent = AgentProcess(device_id, tmp_path / device_id, **options)  # type: ignore[arg-type]
         started.append(agent.start())
         return agent

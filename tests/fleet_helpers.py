@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -9,16 +10,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
+from edgefleet.control.keyring import KEYSET_NAME, HostKeys
 from edgefleet.control.publish import deploy, publish_bundle
 from edgefleet.core.bundle import describe_files, pack_bundle, unpack_bundle
 from edgefleet.core.messages import DeviceStatus, Event, Telemetry, decode
 from edgefleet.core.mqtt import Connection
-from edgefleet.core.signing import SigningKey, TrustedKeys
+from edgefleet.core.signing import SigningKey, TrustedKeys, generate_keypair
 from edgefleet.core.topics import Topics
+
+from brokers import free_port
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -31,6 +35,11 @@ def silero_model() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("silero-vad is not installed: pip install --no-deps silero-vad")
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+
+
+# The agent's interpreter. scripts/test also runs the agent tests with EDGEFLEET_AGENT_PYTHON naming a separate
+# Python 3.10 environment that holds only the pip-installed base package (the device install), never this checkout.
+AGENT_PYTHON = os.environ.get("EDGEFLEET_AGENT_PYTHON", "")
 
 
 class AgentProcess:
@@ -49,7 +58,7 @@ class AgentProcess:
     ) -> None:
         self.device_id, self.state_dir, self.extra_env = device_id, state_dir, env or {}
         self.cmd = [
-            sys.executable, "-m", "edgefleet", "agent", "--broker", broker, "--device-id", device_id,
+            AGENT_PYTHON or sys.executable, "-m", "edgefleet", "agent", "--broker", broker, "--device-id", device_id,
             "--state-dir", str(state_dir), "--profile", profile, "--trust", str(trust),
             "--telemetry-interval", str(telemetry_interval), "--threads", "1",
             *(extra if "--http-port" in extra else ("--http-port", "0", *extra)),
@@ -63,7 +72,11 @@ class AgentProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if AGENT_PYTHON:  # the installed package alone: nothing from the checkout on the path
+            env.pop("PYTHONPATH", None)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.state_dir if AGENT_PYTHON else None
+        )
         return self
 
     @property
@@ -173,8 +186,9 @@ def deploy_to(
     groups: tuple[str, ...] = (),
     rollback: bool = False,
     block_size: int = 16 * 1024,
+    layout: Literal["chunks", "blocks"] = "chunks",
 ) -> str:
-    manifest, _ = publish_bundle(conn, topics, bundle, block_size=block_size)
+    manifest, _ = publish_bundle(conn, topics, bundle, block_size=block_size, layout=layout)
     deploy(conn, topics, manifest, devices=list(devices), groups=list(groups), rollback=rollback)
     return manifest.bundle_id
 
@@ -203,3 +217,73 @@ def padded_bundle(
     path = out_dir / f"{updated.bundle_id}.bundle"
     pack_bundle(path, updated, sources, key)
     return path
+
+
+def bundle_with(
+    source: Path, out: Path, key: SigningKey, trusted: TrustedKeys, version: str, extra: dict[str, bytes]
+) -> Path:
+    """A re-signed copy of `source` carrying `extra` files (so each test's chunks are its own)."""
+    unpacked = out / f"src-{version}"
+    manifest = unpack_bundle(source, unpacked, trusted)
+    sources = {entry.path: unpacked / entry.path for entry in manifest.files}
+    for rel, data in extra.items():
+        (unpacked / rel).parent.mkdir(parents=True, exist_ok=True)
+        (unpacked / rel).write_bytes(data)
+        sources[rel] = unpacked / rel
+    updated = manifest.model_copy(
+        update={
+            "model_version": version,
+            "bundle_id": f"{manifest.bundle_id}-c{version}",
+            "files": describe_files(sources),
+        }
+    )
+    path = out / f"{updated.bundle_id}.bundle"
+    pack_bundle(path, updated, sources, key)
+    return path
+
+
+def attacker_keys(directory: Path, real: HostKeys) -> HostKeys:
+    """What an attacker with broker rights but no signing key can hold: keys of their own for both roles and a
+    copy of the real (public) key set, which does not delegate their keys."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for role in ("bundle", "ops"):
+        generate_keypair(directory, role)
+    (directory / KEYSET_NAME).write_bytes((real.directory / KEYSET_NAME).read_bytes())
+    return HostKeys(directory)
+
+
+class ServedModel:
+    """A model converted for generic-x86-64 and served by one real agent process with its local HTTP API."""
+
+    def __init__(self, port: int, bundle_id: str, host: Connection, watcher: FleetWatcher) -> None:
+        self.port, self.bundle_id, self.host, self.watcher = port, bundle_id, host, watcher
+
+
+@contextlib.contextmanager
+def serve_model(
+    broker_url: str, root_pub: Path, key: SigningKey, model: Path, root: Path, *, name: str, device: str,
+    extra: tuple[str, ...] = (),
+) -> Iterator[ServedModel]:  # fmt: skip
+    """Convert `model` with `root/calib.npz` and `root/eval.npz`, deploy it to a fresh agent, wait until it serves."""
+    from edgefleet.converter.build import ConvertRequest, convert
+    from edgefleet.core.profiles import get_profile
+
+    (result,) = convert(
+        ConvertRequest(
+            model=model, profiles=[get_profile("generic-x86-64")], calib=root / "calib.npz", eval=root / "eval.npz",
+            out=root / "out", key=key, name=name, version="1", report=False,
+        )
+    )  # fmt: skip
+    assert result.bundle, result.error
+    host = Connection(broker_url, f"{device}-host-{root.name}", protocol="auto").start()
+    watcher = FleetWatcher(host, Topics())
+    port = free_port()
+    process = AgentProcess(device, root / device, broker=broker_url, trust=root_pub, profile="generic-x86-64",
+                           extra=("--http-port", str(port), *extra)).start()  # fmt: skip
+    try:
+        bundle_id = deploy_to(host, Topics(), Path(result.bundle), devices=(device,))
+        watcher.serving(device, bundle_id, timeout=90)
+        yield ServedModel(port, bundle_id, host, watcher)
+    finally:
+        process.stop()
+        host.stop()

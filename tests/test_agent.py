@@ -7,22 +7,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 
+from edgefleet.control.keyring import HostKeys
+from edgefleet.control.publish import deploy, publish_bundle
 from edgefleet.control.remote import RemoteModel
 from edgefleet.core.messages import WireTensor
 from edgefleet.core.mqtt import Connection
-from edgefleet.core.signing import SigningKey, TrustedKeys, generate_keypair
+from edgefleet.core.profiles import detect_profile
+from edgefleet.core.signing import SigningKey, TrustedKeys
 from edgefleet.core.topics import Topics
 
-from fleet_helpers import DIGITS, AgentProcess, FleetWatcher, deploy_to, derive_bundle
+from fleet_helpers import DIGITS, AgentProcess, FleetWatcher, attacker_keys, deploy_to, derive_bundle
 
 StartAgent = Callable[..., AgentProcess]
-
-
-@pytest.fixture
-def trusted(keys: tuple[Path, Path]) -> TrustedKeys:
-    return TrustedKeys.load([keys[1]])
 
 
 def _eval_samples(count: int) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
@@ -88,7 +85,7 @@ def test_malformed_desired_messages_are_refused_with_a_reason(
     for payload in (b"{not json", b'{"schema_version": 1}', b'{"schema_version": 7, "bundle_id": "x"}', b"\x00" * 9):
         host.publish(topics.device_desired("dev-junk"), payload, qos=1, retain=True, wait=5)
     event = watcher.event("dev-junk", "refused")
-    assert "malformed Desired" in event.detail
+    assert "not a signed desired document" in event.detail
     time.sleep(0.5)
     assert agent.alive and watcher.status["dev-junk"].online
     host.publish(topics.device_desired("dev-junk"), b"", qos=1, retain=True, wait=5)
@@ -96,12 +93,14 @@ def test_malformed_desired_messages_are_refused_with_a_reason(
 
 def test_bundles_signed_by_an_untrusted_key_are_refused_before_download(
     start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
-    tmp_path: Path, trusted: TrustedKeys,
+    tmp_path: Path, trusted: TrustedKeys, host_keys: HostKeys,
 ) -> None:  # fmt: skip
-    stranger = SigningKey.load(generate_keypair(tmp_path / "stranger")[0])
-    forged = derive_bundle(demo_bundles["intel-x86-vnni"], tmp_path, stranger, trusted, model_version="5")
+    stranger = attacker_keys(tmp_path / "stranger", host_keys)
+    forged = derive_bundle(demo_bundles["intel-x86-vnni"], tmp_path, stranger.bundle_key(), trusted, model_version="5")
     agent = start_agent("dev-forged")
-    bundle_id = deploy_to(host, topics, forged, devices=("dev-forged",))
+    manifest, _ = publish_bundle(host, topics, forged, keys=stranger)  # the offer, too, is signed by the stranger
+    bundle_id = manifest.bundle_id
+    deploy(host, topics, manifest, devices=["dev-forged"], groups=[])
     event = watcher.event("dev-forged", "refused", bundle_id=bundle_id)
     assert "untrusted key" in event.detail
     assert not any(e.kind == "download-started" for e in watcher.events if e.device_id == "dev-forged")
@@ -115,6 +114,16 @@ def test_a_bundle_for_another_profile_is_refused(
     bundle_id = deploy_to(host, topics, demo_bundles["intel-x86-vnni"], devices=("dev-profile",))
     event = watcher.event("dev-profile", "refused", bundle_id=bundle_id)
     assert "built for profile intel-x86-vnni; this device is generic-x86-64" in event.detail
+
+
+def test_a_device_runs_bundles_for_the_profiles_its_own_refines_unprompted(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path]
+) -> None:
+    start_agent("dev-auto-profile", profile="auto")  # an AVX-512 VNNI machine detects intel-x86-vnni
+    bundle_id = deploy_to(host, topics, demo_bundles["generic-x86-64"], devices=("dev-auto-profile",))
+    status = watcher.serving("dev-auto-profile", bundle_id)
+    assert status.profile == detect_profile().name and status.accepts_profiles[0] == status.profile
+    assert "generic-x86-64" in status.accepts_profiles
 
 
 def test_versions_only_go_up_unless_the_host_marks_a_rollback(

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from edgefleet.control.acl import render_acl, write_acl
+from edgefleet.control.chunker import chunk_names
 from edgefleet.control.pki import create_ca, create_client_cert, create_server_cert
 from edgefleet.control.remote import RemoteModel
 from edgefleet.core.bundle import parse_manifest, read_signed_manifest
@@ -27,7 +28,10 @@ def test_an_agent_over_mutual_tls_installs_only_what_its_acl_allows(
     device = create_client_cert(pki, "dev-tls")
     bundle = demo_bundles["intel-x86-vnni"]
     bundle_id = parse_manifest(read_signed_manifest(bundle).manifest_json).bundle_id
-    acl = write_acl(tmp_path / "edgefleet.acl", render_acl({"dev-tls": ["tls-group"]}, {"dev-tls": [bundle_id]}))
+    chunks = {bundle_id: chunk_names(bundle, 16 * 1024)}  # an acl_file names each chunk (deploy_to's block size)
+    acl = write_acl(
+        tmp_path / "edgefleet.acl", render_acl({"dev-tls": ["tls-group"]}, {"dev-tls": [bundle_id]}, chunks=chunks)
+    )
     port = free_port()
     extra = [
         f"listener {port} {HOST}", f"cafile {ca.cert}", f"certfile {server.cert}", f"keyfile {server.key}",
@@ -40,7 +44,7 @@ def test_an_agent_over_mutual_tls_installs_only_what_its_acl_allows(
         topics = Topics()
         watcher = FleetWatcher(host, topics)
         agent = AgentProcess(
-            "dev-tls", tmp_path / "dev-tls", broker=url, trust=keys[1], groups=("tls-group",),
+            "dev-tls", tmp_path / "dev-tls", broker=url, trust=keys[0].parent / "root.pub", groups=("tls-group",),
             extra=("--ca", str(ca.cert), "--cert", str(device.cert), "--key", str(device.key)),
         ).start()  # fmt: skip
         try:

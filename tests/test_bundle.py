@@ -37,11 +37,6 @@ def _rewrite(bundle: Path, out: Path, edit: dict[str, bytes | None], extra: tupl
 
 
 @pytest.fixture
-def trusted(keys: tuple[Path, Path]) -> TrustedKeys:
-    return TrustedKeys.load([keys[1]])
-
-
-@pytest.fixture
 def bundle(demo_bundles: dict[str, Path]) -> Path:
     return demo_bundles["intel-x86-vnni"]
 
@@ -49,7 +44,7 @@ def bundle(demo_bundles: dict[str, Path]) -> Path:
 def test_a_bundle_verifies_against_the_key_that_signed_it(bundle: Path, trusted: TrustedKeys) -> None:
     manifest = verify_bundle(bundle, trusted)
     assert manifest.profile == "intel-x86-vnni"
-    assert {f.path for f in manifest.files} == {"model/model.onnx", "golden.npz"}
+    assert {f.path for f in manifest.files} == {"model/model.onnx", "golden.npz", "drift_reference.json"}
     assert manifest.accuracy.passed and manifest.accuracy.value >= 0.95
 
 

@@ -3,16 +3,21 @@ counted and never stops the control plane."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from edgefleet.control.embedded_broker import EmbeddedBroker
+from edgefleet.control.server import ControlPlane
+from edgefleet.control.store_sqlite import SqliteStore
 from edgefleet.core.messages import DeviceStatus, Event, LatencySummary, Telemetry
 from edgefleet.core.mqtt import Connection
 from edgefleet.core.topics import Topics
 
 from brokers import MosquittoBroker
-from test_control_support import control_plane, sim_fleet, wait_until
+from test_control_support import control_config, control_plane, sim_fleet, wait_until
 
 
 def test_two_control_planes_split_the_telemetry_and_store_every_report_once(
@@ -24,8 +29,9 @@ def test_two_control_planes_split_the_telemetry_and_store_every_report_once(
         control_plane(mosquitto.url, tmp_path, engine=False, protocol="3.1.1") as b,
         sim_fleet(mosquitto.url, devices, telemetry_interval=0.1) as fleet,
     ):
-        time.sleep(3.0)
-        fleet.stop()
+        # Enough reports to split between the two, however slowly a loaded machine runs the simulator.
+        wait_until("over 400 reports sent", lambda: fleet.stats.telemetry_sent > 20 * 20, timeout=120)
+        fleet.stop(drain_s=60.0)  # returns as soon as every report is acknowledged
         assert a.ingestor is not None and b.ingestor is not None
         assert a.ingestor.drain() and b.ingestor.drain()
         stats = fleet.stats
@@ -80,6 +86,29 @@ def test_repeats_and_bad_messages_are_counted_and_ingestion_goes_on(
         host.publish(topics.status("junk-1"), b"", retain=True, wait=5)
 
 
+def test_a_message_the_store_refuses_is_rejected_loudly_and_blocks_nothing(
+    mosquitto: MosquittoBroker, tmp_path: Path, host: Connection, topics: Topics
+) -> None:
+    """A valid message the store cannot hold (a sequence number beyond SQLite's 64-bit integers) fails every write
+    of its batch. Ingestion writes that batch message by message, rejects the one the store refuses (counted and
+    logged with its payload) and stores the others; later reports flow as before."""
+    with control_plane(mosquitto.url, tmp_path, engine=False) as plane:
+        assert plane.ingestor is not None
+        store, counts = plane.store, plane.ingestor.stats.counts
+        host.publish(topics.status("poison-1"), DeviceStatus(device_id="poison-1", online=True, state="idle").encode(),
+                     retain=True, wait=5)  # fmt: skip
+        wait_until("the status", lambda: store.device("poison-1"))
+        host.publish(topics.telemetry("poison-1"), _report("poison-1", 2**64), wait=5)
+        for seq in (1, 2):
+            host.publish(topics.telemetry("poison-1"), _report("poison-1", seq), wait=5)
+        wait_until("the rejection", lambda: counts["rejected"] == 1)
+        host.publish(topics.telemetry("poison-1"), _report("poison-1", 3), wait=5)
+        wait_until("the reports around it", lambda: store.telemetry_count("poison-1") == 3)
+        assert {p.seq for p in store.telemetry("poison-1", 0.0)} == {1, 2, 3}
+        wait_until("the counter in the store", lambda: store.counters().get("ingest.rejected") == 1, timeout=10)
+        host.publish(topics.status("poison-1"), b"", retain=True, wait=5)
+
+
 def test_telemetry_published_while_the_control_plane_is_down_is_delivered_when_it_returns(
     mosquitto: MosquittoBroker, tmp_path: Path, host: Connection, topics: Topics
 ) -> None:
@@ -107,3 +136,80 @@ def test_on_a_broker_without_shared_subscriptions_ingestion_falls_back_to_plain_
         fleet.stop()
         assert plane.ingestor.drain()
         assert plane.store.telemetry_count() == fleet.stats.telemetry_acked
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_store_that_fails_for_10_s_loses_no_acknowledged_report(
+    mosquitto: MosquittoBroker, tmp_path: Path, protocol: str
+) -> None:
+    """A real fault: another process holds the SQLite write lock for 10 s, so every write of the control plane
+    fails (SQLITE_BUSY after its 0.5 s busy timeout). Ingestion keeps the batch, acknowledges nothing and retries;
+    once the lock is gone every report the broker acknowledged to a device is in the store, counted by each
+    device's sequence numbers."""
+    devices = [f"fault-{i}" for i in range(5)]
+    path = tmp_path / "control.sqlite"
+    store = SqliteStore(path, f"sqlite://{path}", busy_timeout_s=0.5)
+    with (
+        control_plane(mosquitto.url, tmp_path, store=store, engine=False, protocol=protocol) as plane,
+        sim_fleet(mosquitto.url, devices, telemetry_interval=0.1) as fleet,
+    ):
+        assert plane.ingestor is not None
+        wait_until("telemetry flowing", lambda: store.telemetry_count() >= 20)
+        blocker = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # the write lock, held by someone else
+        try:
+            stored_at_fault = store.telemetry_count()
+            time.sleep(10.0)  # the fault's length is the point of the test
+            assert store.telemetry_count() == stored_at_fault, "nothing can be written meanwhile"
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        wait_until("the backlog", lambda: store.telemetry_count() >= stored_at_fault + 5 * 60, timeout=60)
+        fleet.stop()
+        assert plane.ingestor.drain(30)
+        acked = {d: device.acked_telemetry for d, device in fleet.devices.items()}  # its loop has stopped
+        lost = {d: sorted(set(seqs) - {p.seq for p in store.telemetry(d, 0.0)}) for d, seqs in acked.items()}
+        sent = sum(len(s) for s in acked.values())
+        counts = plane.ingestor.stats.counts
+        print(f"MQTT {protocol}: {sent} reports acknowledged, {counts['store_retries']} failed writes retried, "
+              f"lost {sum(len(v) for v in lost.values())}")  # fmt: skip
+        assert counts["store_retries"] >= 5, "the fault really hit the writes"
+        assert sent >= 5 * 100 and all(not v for v in lost.values()), lost
+
+
+def test_a_control_plane_stopped_while_its_store_fails_leaves_the_reports_to_the_broker(
+    mosquitto: MosquittoBroker, tmp_path: Path
+) -> None:
+    """Stopped with its store still failing, ingestion gives up its batch unacknowledged: the broker keeps it (and
+    everything sent meanwhile) in the instance's persistent session and hands it to the next process under the
+    same instance name. 0 acknowledged reports lost."""
+    devices = [f"handover-{i}" for i in range(3)]
+    path = tmp_path / "control.sqlite"
+    store = SqliteStore(path, f"sqlite://{path}", busy_timeout_s=0.5)
+    options = {"engine": False, "instance": "handover", "protocol": "5"}
+    first = ControlPlane(control_config(mosquitto.url, tmp_path, **options), store=store).start()
+    try:  # subscribed before the devices report: nothing is published to no one
+        with sim_fleet(mosquitto.url, devices, telemetry_interval=0.1) as fleet:
+            assert first.ingestor is not None
+            wait_until("telemetry flowing", lambda: store.telemetry_count() >= 10)
+            blocker = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+            blocker.execute("BEGIN EXCLUSIVE")
+            wait_until("a failed write", lambda: first.ingestor.stats.counts["store_retries"] >= 2)  # type: ignore[union-attr]
+            first.stop(retire=False)
+            counts = first.ingestor.stats.counts
+            assert counts["unacknowledged_at_stop"] > 0, counts
+            blocker.execute("ROLLBACK")
+            blocker.close()
+            with control_plane(mosquitto.url, tmp_path, **options) as second:
+                time.sleep(1.0)  # the devices keep reporting to the new process a moment
+                fleet.stop()
+                acked = {d: device.acked_telemetry for d, device in fleet.devices.items()}
+
+                def lost() -> dict[str, list[int]]:
+                    stored = {d: {p.seq for p in second.store.telemetry(d, 0.0)} for d in acked}
+                    return {d: sorted(set(s) - stored[d]) for d, s in acked.items() if set(s) - stored[d]}
+
+                wait_until("every acknowledged report", lambda: not lost() or None, timeout=30)
+                assert sum(len(s) for s in acked.values()) >= 3 * 20
+    finally:
+        first.stop()

@@ -112,3 +112,13 @@ def test_the_most_specific_deployment_wins() -> None:
 
 def test_no_deployment_for_the_devices_profile_means_none() -> None:
     assert resolve_desired(FLEET[3], [dep("fleet", "*", "base-vnni")], {}, set()) is None
+
+
+def test_a_device_gets_the_most_specific_bundle_available_for_its_profile() -> None:
+    vnni, generic = FLEET[0], FLEET[2]
+    only_generic = [dep("fleet", "*", "base-generic", profile="generic-x86-64")]
+    assert resolve_desired(vnni, only_generic, {}, set()).bundle_id == "base-generic"  # type: ignore[union-attr]
+    both = [*only_generic, dep("fleet", "*", "base-vnni")]
+    assert resolve_desired(vnni, both, {}, set()).bundle_id == "base-vnni"  # type: ignore[union-attr]
+    assert resolve_desired(generic, both, {}, set()).bundle_id == "base-generic"  # type: ignore[union-attr]
+    assert resolve_desired(generic, [dep("fleet", "*", "base-vnni")], {}, set()) is None

@@ -42,9 +42,11 @@ def control_config(broker: str, store_dir: Path, **changes: Any) -> ControlConfi
 
 
 @contextlib.contextmanager
-def control_plane(broker: str, store_dir: Path, retire: bool = True, **changes: Any) -> Iterator[ControlPlane]:
+def control_plane(
+    broker: str, store_dir: Path, retire: bool = True, store: Store | None = None, **changes: Any
+) -> Iterator[ControlPlane]:
     """A control plane that retires when done (leaving no persistent session in the shared group)."""
-    plane = ControlPlane(control_config(broker, store_dir, **changes)).start()
+    plane = ControlPlane(control_config(broker, store_dir, **changes), store=store).start()
     try:
         yield plane
     finally:

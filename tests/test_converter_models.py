@@ -49,19 +49,26 @@ def test_silero_pinned_reaches_openvino_gates_int8_by_sqnr_and_serves_on_an_agen
     assert result.metric == "sqnr-db"
     names = {c["name"]: c for c in result.candidates}
     # Pinning sr and fixing the shapes from the data is what lets OpenVINO compile it.
-    assert names["ov-static-fp32"]["error"] is None and names["ov-static-fp32"]["sqnr_db"] > 60
+    # SQNR is the worst slice (channel groups of one scale) of every output: above the profile's 30 dB floor.
+    fp32 = names["ov-static-fp32"]  # compiled and inside the floor (its timing may stop early: a faster one passed)
+    assert fp32["sqnr_db"] > 30 and (fp32["error"] is None or str(fp32["error"]).startswith("pruned: timing"))
     assert "cannot compile" in str(names["ov-fp32"]["error"])
-    int8 = [c for n, c in names.items() if "int8-static" in n or "nncf" in n]
-    assert int8 and all(c["error"] or "SQNR" in str(c["rejected"]) for c in int8)
-    assert result.recipe is not None and result.recipe.endswith("fp32")
+    int8 = {n: c for n, c in names.items() if "int8-static" in n or "nncf" in n}
+    mixed = {n: c for n, c in int8.items() if "accuracy" in n or "float" in n}  # layers kept in float
+    plain = [c for n, c in int8.items() if n not in mixed]
+    assert plain and all(c["error"] or "SQNR" in str(c["rejected"]) for c in plain)  # plain INT8 breaks the floor
+    # Mixed precision may meet the floor (NNCF accuracy control does here): then it competes on speed.
+    assert all(c["error"] or "SQNR" in str(c["rejected"]) or c["sqnr_db"] > 30 for c in mixed.values()), mixed
+    assert result.recipe is not None and (result.recipe.endswith(("fp32", "bf16")) or result.recipe in mixed)
     assert result.bundle is not None
     manifest = parse_manifest(read_signed_manifest(Path(result.bundle)).manifest_json)
-    assert manifest.accuracy.metric == "sqnr-db" and manifest.accuracy.value > 60
+    assert manifest.accuracy.metric == "sqnr-db" and manifest.accuracy.value > 30
     assert [i.name for i in manifest.inputs] == ["input", "state"]  # sr is pinned inside the model
     assert manifest.recipe.passes[0].name == "pin-inputs"
-    if manifest.format == "openvino-ir":
+    if manifest.format == "openvino-ir" and result.recipe not in mixed:
         assert {f.path for f in manifest.files} >= {"model/model.xml", "model/model.bin"}
-        assert manifest.recipe.passes[-1].params["inference_precision_hint"] == "f32"
+        hint = "bf16" if result.recipe.endswith("bf16") else "f32"
+        assert manifest.recipe.passes[-1].params["inference_precision_hint"] == hint
     # The device runs what the converter chose, with the provider it measures best (OpenVINO for IR).
     start_agent("dev-silero")
     bundle_id = deploy_to(host, topics, Path(result.bundle), devices=("dev-silero",))
@@ -179,7 +186,11 @@ def test_the_cache_reuses_builds_across_runs(tmp_path: Path, signing_key: Signin
     first = convert(_request(tmp_path, signing_key, cache_dir=cache, out=tmp_path / "a"))
     entries = sorted(p.name for p in cache.glob("*/*"))
     second = convert(_request(tmp_path, signing_key, cache_dir=cache, out=tmp_path / "b"))
-    assert entries and sorted(p.name for p in cache.glob("*/*")) == entries
-    assert [c["accuracy"] for c in first[0].candidates if c["name"].endswith("u8s8-reduce-range")] == [
-        c["accuracy"] for c in second[0].candidates if c["name"].endswith("u8s8-reduce-range")
+    # Every build of the first run is reused; a candidate the first run pruned (it could not beat one inside
+    # the budget, so it was never cached) may be built by the second, whose timings differ.
+    assert entries and set(entries) <= {p.name for p in cache.glob("*/*")}
+    scores = [
+        {c["name"]: c["accuracy"] for c in run[0].candidates if c["accuracy"] is not None} for run in (first, second)
     ]
+    common = scores[0].keys() & scores[1].keys()
+    assert common and all(scores[0][name] == scores[1][name] for name in common)

@@ -237,5 +237,7 @@ def test_bundles_without_custom_ops_keep_the_manifest_older_agents_read(demo_bun
     """custom_ops, tensorrt and web are left out of manifest.json when unused (older agents forbid extra keys)."""
     text = read_signed_manifest(demo_bundles["generic-x86-64"]).manifest_json
     assert '"custom_ops"' not in text and '"tensorrt"' not in text and '"web"' not in text
+    # held-out judging: only mixed-precision bundles say which split judged them
+    assert '"judged_on"' not in text and '"selection_samples"' not in text
     manifest = parse_manifest(text)
     assert manifest.custom_ops == [] and manifest.tensorrt is None and manifest.web is None

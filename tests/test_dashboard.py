@@ -1,6 +1,8 @@
-"""The dashboard in headless Chromium (Debian `chromium`, driven by Playwright): the fleet table, each device's
-latency and golden-agreement plots, rollout progress; a screenshot proves the plots are drawn; nothing is
-fetched from anywhere but the control plane. Fails (never skips) without Chromium or Playwright."""
+"""The dashboard in headless Chromium (Debian `chromium`, driven by Playwright), after logging in with a token: the
+fleet table, each device's latency and golden-agreement plots, a group's plots, rollout progress with its timeline;
+a screenshot proves the plots are drawn; nothing is fetched from anywhere but the control plane. Fails (never skips)
+without Chromium or Playwright. The operator's actions are in test_dashboard_actions.py, access control in
+test_dashboard_auth.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 
 from edgefleet.control.dashboard import api_fleet, api_series
+from edgefleet.control.dashboard_auth import issue_token
 from edgefleet.control.publish import deploy
 from edgefleet.control.rollout_engine import bundle_ref, make_spec, prepare_rollout
 from edgefleet.control.server import ControlPlane
@@ -89,21 +92,37 @@ def dashboard(
         yield plane, sims
 
 
+def get(plane: ControlPlane, path: str) -> Any:
+    assert plane.dashboard_url is not None
+    token = issue_token(plane.store, "api-test")
+    request = urllib.request.Request(plane.dashboard_url + path, headers={"Authorization": f"Bearer {token}"})
+    return urllib.request.urlopen(request, timeout=5)
+
+
+def log_in(page: Any, plane: ControlPlane) -> None:
+    page.goto(plane.dashboard_url)
+    page.fill("#token", issue_token(plane.store, "browser-test"))
+    page.click("#login button[type=submit]")
+
+
 def test_the_api_answers_json(dashboard: tuple[ControlPlane, SimFleet]) -> None:
     plane, _ = dashboard
-    assert plane.dashboard_url is not None
-    with urllib.request.urlopen(plane.dashboard_url + "api/fleet", timeout=5) as response:
+    with get(plane, "api/fleet") as response:
         fleet = json.load(response)
     assert [d["device_id"] for d in fleet["devices"]] == DEVICES and fleet["engine"]["alive"]
     assert api_fleet(plane.store)["counters"]["ingest.telemetry"] > 0
     series = api_series(plane.store, DEVICES[0], 300.0, 60)
     assert series["points"] and any(p["p95_ms"] for p in series["points"])
-    with urllib.request.urlopen(plane.dashboard_url + "api/rollouts", timeout=5) as response:
+    with get(plane, "api/rollouts") as response:
         states = [r["state"] for r in json.load(response)["rollouts"]]
     assert states == ["rolled-back", "succeeded"]
-    for bad in ("api/devices/a%2Fb/series", "nowhere"):
+    with get(plane, "api/groups/dash/series?window=300&points=60") as response:
+        group = json.load(response)
+    assert group["members"] == DEVICES and any(p["p95_ms_max"] for p in group["points"])
+    assert max(p["devices"] for p in group["points"]) == len(DEVICES)
+    for bad in ("api/devices/a%2Fb/series", "api/groups/nope/series", "nowhere"):
         with pytest.raises(urllib.error.HTTPError) as caught:
-            urllib.request.urlopen(plane.dashboard_url + bad, timeout=5)
+            get(plane, bad)
         assert caught.value.code in (400, 404)
 
 
@@ -125,9 +144,9 @@ def test_the_dashboard_draws_the_fleet_the_plots_and_the_rollouts(
             page.on("request", lambda request: requested.append(request.url))
             errors: list[str] = []
             page.on("pageerror", lambda err: errors.append(str(err)))
-            page.goto(url)
+            log_in(page, plane)
             page.wait_for_selector("body[data-charts='true']", timeout=15_000)
-            page.wait_for_function(f"document.querySelectorAll('#fleet tbody tr').length === {len(DEVICES)}")
+            page.wait_for_function(f"() => document.querySelectorAll('#fleet tbody tr').length === {len(DEVICES)}")
 
             rows = page.locator("#fleet tbody tr")
             assert rows.count() == len(DEVICES)
@@ -150,13 +169,18 @@ def test_the_dashboard_draws_the_fleet_the_plots_and_the_rollouts(
             assert page.locator(".rollout[data-state='succeeded'] .wave[data-state='passed']").count() == 2
             assert page.locator(".rollout[data-state='rolled-back'] .wave[data-state='failed']").count() == 1
             assert "p95" in page.locator(".rollout[data-state='rolled-back']").inner_text()
+            assert page.locator(".rollout[data-state='succeeded'] svg.timeline rect.passed").count() == 2
+            assert page.locator(".rollout[data-state='rolled-back'] svg.timeline rect.failed").count() == 1
+
+            page.select_option("#group-chart", "dash")  # the group's plots: members averaged, the worst p95
+            page.wait_for_selector("#group-charts .card[data-group='dash'] path.line[data-series='p95_ms_max']")
 
             shot = page.locator("#charts").screenshot(path=str(tmp_path / "charts.png"))
             counts = page.evaluate(COUNT_PIXELS, [base64.b64encode(shot).decode(), [P95_RGB, GOLDEN_RGB]])
             assert counts[0] > 300 and counts[1] > 300, f"plot colours on the screenshot: {counts}"
 
             page.locator("#fleet tbody tr").nth(1).click()  # choosing a device shows only its plots
-            page.wait_for_function("document.querySelectorAll('#charts .card').length === 1")
+            page.wait_for_function("() => document.querySelectorAll('#charts .card').length === 1")
             assert page.locator("#charts .card").get_attribute("data-device") == "dash-1"
             assert not errors, errors
         finally:

@@ -8,7 +8,16 @@ import pytest
 import yaml
 
 from edgefleet.core.errors import UnknownNameError, UserInputError
-from edgefleet.core.profiles import PROFILES_DIR, HostFacts, detect, get_profile, load_profiles, match_reasons
+from edgefleet.core.profiles import (
+    PROFILES_DIR,
+    HostFacts,
+    detect,
+    device_profiles,
+    get_profile,
+    load_profiles,
+    match_reasons,
+    profile_lineage,
+)
 
 VNNI = HostFacts(arch="x86_64", os="linux", cpu_flags=frozenset({"avx2", "avx512_vnni"}))
 AVX2_ONLY = HostFacts(arch="x86_64", os="linux", cpu_flags=frozenset({"avx2"}))
@@ -63,3 +72,37 @@ def test_invalid_profile_files_are_refused_with_the_reason(tmp_path: Path, chang
     load_profiles.cache_clear()
     with pytest.raises(UserInputError, match=message):
         load_profiles(_copy_with(tmp_path, **change))
+
+
+def test_a_profile_runs_the_bundles_of_the_profiles_it_refines() -> None:
+    assert [p.name for p in device_profiles("intel-x86-vnni")] == ["intel-x86-vnni", "generic-x86-64"]
+    assert [p.name for p in device_profiles("generic-x86-64")] == ["generic-x86-64"]
+    assert profile_lineage("intel-npu") == ["intel-npu", "generic-x86-64"]
+    assert profile_lineage("a-profile-the-host-does-not-know") == ["a-profile-the-host-does-not-know"]
+
+
+def test_detection_ranks_a_refinement_before_what_it_refines() -> None:
+    intel_vnni = HostFacts(
+        arch="x86_64", os="linux", cpu_flags=frozenset({"avx512_vnni"}), cpu_vendor="GenuineIntel",
+        existing_files=frozenset({"/dev/dri/renderD128"}),
+    )  # fmt: skip
+    found = [p.name for p in detect(load_profiles().values(), intel_vnni)]
+    assert found[-1] == "generic-x86-64" and {"intel-igpu", "intel-x86-vnni"} <= set(found)
+
+
+@pytest.mark.parametrize(
+    ("refines", "message"),
+    [
+        (["tpu-9000"], r"refines unknown profile\(s\) \['tpu-9000'\]"),
+        (["generic-x86-64"], "refines itself"),
+        (["arm-parent"], r"matches arch \['amd64', 'x86_64'\] it does not"),
+    ],
+)
+def test_a_refinement_must_name_real_profiles_without_cycles(tmp_path: Path, refines: list[str], message: str) -> None:
+    _copy_with(tmp_path, refines=refines)
+    arm = yaml.safe_load((PROFILES_DIR / "rpi5-arm64.yaml").read_text())
+    (tmp_path / "arm-parent.yaml").write_text(yaml.safe_dump({**arm, "name": "arm-parent"}))
+    load_profiles.cache_clear()
+    with pytest.raises(UserInputError, match=message):
+        load_profiles(tmp_path)
+    load_profiles.cache_clear()

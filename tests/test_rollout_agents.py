@@ -30,23 +30,28 @@ DEVICES = [f"ra-{i}" for i in range(4)]
 
 
 def less_accurate_bundle(source: Path, out_dir: Path, key: SigningKey, trusted: TrustedKeys, version: str) -> Path:
-    """A re-signed build of the same model whose classifier rows 0-4 are rotated: half the classes come out
-    wrong. Its golden set holds its own outputs as `expected` and a loosened `min_agreement`, as a build
-    with a misconfigured accuracy check would: the device installs it, and measures the damage."""
+    """A re-signed build of the same model whose classes 0-4 come out rotated: half the answers are wrong. Its
+    golden set holds its own outputs as `expected` and a loosened `min_agreement`, as a build with a misconfigured
+    accuracy check would: the device installs it, and measures the damage. The rotation is a Gather appended to
+    the graph, so it works whatever recipe built the source bundle (FP32, or INT8 whose weights sit behind
+    DequantizeLinear: the converter picks by speed on the machine that runs the tests)."""
     import onnx
     import onnxruntime as ort
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
 
     unpacked = out_dir / f"bad-{version}"
     manifest = unpack_bundle(source, unpacked, trusted)
     model_path = unpacked / manifest.model_path
     model = onnx.load(str(model_path))
-    gemm = next(n for n in reversed(model.graph.node) if n.op_type == "Gemm")
-    for init in model.graph.initializer:
-        if init.name in gemm.input[1:3]:
-            values = numpy_helper.to_array(init).copy()
-            values[:5] = np.roll(values[:5], 1, axis=0)
-            init.CopyFrom(numpy_helper.from_array(values, init.name))
+    (graph_output,) = model.graph.output
+    classes = int(graph_output.type.tensor_type.shape.dim[-1].dim_value)
+    rotated = [*np.roll(np.arange(5), 1), *range(5, classes)]
+    for node in model.graph.node:  # the producer now feeds the rotation
+        node.output[:] = [f"{o}_unrotated" if o == graph_output.name else o for o in node.output]
+    model.graph.initializer.append(numpy_helper.from_array(np.array(rotated, dtype=np.int64), "rotated_classes"))
+    model.graph.node.append(
+        helper.make_node("Gather", [f"{graph_output.name}_unrotated", "rotated_classes"], [graph_output.name], axis=1)
+    )
     onnx.save(model, str(model_path))
     golden_path = unpacked / manifest.golden.path
     golden = GoldenSet.load(golden_path, manifest.inputs, manifest.outputs)
@@ -61,7 +66,14 @@ def less_accurate_bundle(source: Path, out_dir: Path, key: SigningKey, trusted: 
             "model_version": version,
             "bundle_id": f"{manifest.bundle_id}-bad{version}",
             "files": describe_files(sources),
-            "golden": manifest.golden.model_copy(update={"min_agreement": 0.0}),
+            "golden": manifest.golden.model_copy(
+                update={
+                    "min_agreement": 0.0,
+                    "outputs": [
+                        c.model_copy(update={"min_agreement": 0.0, "min_top_k": 0.0}) for c in manifest.golden.outputs
+                    ],
+                }
+            ),
         }
     )
     path = out_dir / f"{updated.bundle_id}.bundle"
@@ -123,10 +135,14 @@ def test_a_good_bundle_passes_every_wave_and_a_less_accurate_canary_is_rolled_ba
     good = derive_bundle(demo_bundles["intel-x86-vnni"], tmp_path, signing_key, trusted, model_version="2")
     bad = less_accurate_bundle(good, tmp_path, signing_key, trusted, version="3")
     thresholds = {
-        "max_latency_factor": 3.0, "latency_slack_ms": 0.5,  # a 2-core machine running 4 agents and the traffic
+        # Loose: a loaded 2-core machine runs 4 agents, the traffic and the control plane; just after an install a
+        # device's p95 was measured at 4.4x its baseline. The latency must still be judged (True), never skipped.
+        "max_latency_factor": 10.0, "latency_slack_ms": 2.0,
         "max_golden_drop": 0.01, "max_error_rate": 0.05, "min_requests": 10,
     }  # fmt: skip
-    timing = {"baseline_s": 5.0, "observe_s": 3.0, "install_timeout_s": 90.0, "report_timeout_s": 15.0,
+    # A criterion lacking data is never passed: the engine waits for it (the baseline for latency data, the wave for
+    # its figures) up to the report timeout, generous here for a loaded 2-core machine, and would fail it after.
+    timing = {"baseline_s": 5.0, "observe_s": 3.0, "install_timeout_s": 90.0, "report_timeout_s": 30.0,
               "min_reports": 2}  # fmt: skip
 
     with control_plane(mosquitto.url, tmp_path) as plane, Traffic(host, topics, DEVICES) as traffic:
@@ -148,6 +164,7 @@ def test_a_good_bundle_passes_every_wave_and_a_less_accurate_canary_is_rolled_ba
             verdict = {f.criterion: f.ok for f in progress.findings}
             assert verdict == {"latency": True, "golden": True, "errors": True}, progress.findings
             assert progress.baseline and progress.baseline.bundle_id == agents and progress.baseline.requests > 0
+            assert progress.baseline.p95_ms is not None, "the baseline waited for latency data"
 
         started = time.monotonic()
         spec = make_spec(group=GROUP, bundles=[bundle_ref(bad_manifest)], canary="1", waves=["50%", "100%"],

@@ -151,7 +151,8 @@ def test_a_device_that_never_reports_times_out(fleet: Fleet) -> None:
     assert doc.state == "succeeded", doc.log
     assert doc.waves[-1].devices[-1] == silent, "offline devices come last"
     progress = doc.devices[silent]
-    assert progress.state == "timed-out" and "within 3 s (device: offline, offline)" in progress.reason
+    reason = f"{progress.state}: {progress.reason}"
+    assert reason.startswith("timed-out: ") and "within 3 s (device: offline, offline)" in reason, reason
 
     strict = fleet.start(bundle="v3", waves=["100%"], timing=quick)  # no failure tolerated
     doc = finished(fleet.store, strict)
@@ -261,13 +262,37 @@ def test_one_rollout_ships_one_bundle_per_profile(
     ):
         manifests = {k: publish(host, plane.store, bundles[k]) for k in ("v2", "v2-vnni")}
         wait_until("the registry", lambda: all(plane.store.device(d) for d in [*generic.devices, *vnni.devices]))
+        # These devices run nothing yet: there is no baseline to judge latency or golden agreement against, so
+        # the operator says, explicitly and on the record, that these two may go unjudged.
         spec = make_spec(group=group, bundles=[bundle_ref(manifests["v2"]), bundle_ref(manifests["v2-vnni"])],
-                         canary="1", waves=["100%"], timing=FAST)  # fmt: skip
+                         canary="1", waves=["100%"], timing=FAST, allow_unjudged=["latency", "golden"])  # fmt: skip
         doc = finished(plane.store, prepare_rollout(plane.store, spec).id)
         assert doc.state == "succeeded", doc.log
+        assert any("the operator allows unjudged: latency, golden" in e.message for e in doc.log)
+        for progress in doc.devices.values():
+            verdict = {f.criterion: (f.ok, f.detail.split(":")[0]) for f in progress.findings}
+            assert verdict["latency"] == (None, "not judged, allowed by the operator"), progress.findings
+            assert verdict["errors"][0] is True
         assert {d.active_bundle for d in generic.devices.values()} == {manifests["v2"].bundle_id}
         assert {d.active_bundle for d in vnni.devices.values()} == {manifests["v2-vnni"].bundle_id}
         # These devices ran nothing before: no baseline, so only absolute criteria could apply.
         assert all(p.baseline is None and p.previous_bundle is None for p in doc.devices.values())
         deployments = {(d.scope, d.target, d.profile) for d in plane.store.deployments()}
         assert deployments == {("group", group, "generic-x86-64"), ("group", group, "intel-x86-vnni")}
+
+
+def test_a_first_install_without_a_baseline_fails_for_lack_of_data_unless_allowed(
+    mosquitto: MosquittoBroker, tmp_path: Path, host: Connection, bundles: dict[str, Path]
+) -> None:
+    group = "blind-group"
+    with (
+        control_plane(mosquitto.url, tmp_path) as plane,
+        sim_fleet(mosquitto.url, ["blind-0", "blind-1"], groups=[group]) as sims,
+    ):
+        manifest = publish(host, plane.store, bundles["v2"])
+        wait_until("the registry", lambda: all(plane.store.device(d) for d in sims.devices))
+        spec = make_spec(group=group, bundles=[bundle_ref(manifest)], canary="1", waves=["100%"], timing=FAST)
+        doc = finished(plane.store, prepare_rollout(plane.store, spec).id)
+        assert doc.state == "rolled-back", doc.log
+        assert "no data for latency: no baseline p95: the device ran no bundle before the wave" in doc.outcome
+        assert [w.state for w in doc.waves] == ["failed", "pending"]

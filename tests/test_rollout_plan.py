@@ -182,6 +182,10 @@ def test_findings_say_why() -> None:
     assert "golden agreement 0.500 is below baseline 1.000 − 0.02 = 0.980" in details
 
 
-def test_a_little_traffic_is_pending_no_traffic_is_not_judged() -> None:
+def test_a_criterion_lacking_data_is_pending_never_passed() -> None:
     assert pending(judge_device(metrics(), metrics(requests=5), T))
-    assert not pending(judge_device(metrics(), metrics(requests=0, p95=None), T))
+    quiet = judge_device(metrics(), metrics(requests=0, p95=None), T)
+    assert {f.criterion for f in pending(quiet)} == {"latency", "errors"} and not breached(quiet)
+    no_baseline = judge_device(metrics(requests=0, p95=None), metrics(), T)
+    assert [f.criterion for f in pending(no_baseline)] == ["latency"]
+    assert [f.criterion for f in pending(judge_device(None, metrics(), T))] == ["latency", "golden"]

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.selection_trial import load_options
 from edgefleet.core.bundle import describe_files
 from edgefleet.core.errors import DataError
-from edgefleet.core.manifest import Manifest
+from edgefleet.core.manifest import Manifest, PassRecord, Recipe
 
 from test_runtime_support import golden, symbolic_batch, unpack, with_providers
 
@@ -83,20 +84,46 @@ def test_run_is_thread_safe(digits: tuple[Path, Manifest]) -> None:
     assert not failures
 
 
-def test_an_openvino_ir_bundle_runs_on_the_openvino_runtime(digits: tuple[Path, Manifest], tmp_path: Path) -> None:
+F32 = ("<Type: 'float32'>", "f32", "float32")
+
+
+def _ir_bundle(digits: tuple[Path, Manifest], dest: Path, recipe: Recipe) -> tuple[Path, Manifest]:
+    """The bundle's model as OpenVINO IR (its golden set still holds), labelled with the recipe the test names:
+    the hint follows the recipe, whichever recipe the converter picked on this CPU."""
     import openvino as ov
 
     bundle_dir, manifest = digits
-    ir_dir = tmp_path / "ir"
-    (ir_dir / "model").mkdir(parents=True)
-    ov.save_model(ov.convert_model(str(bundle_dir / manifest.model_path)), str(ir_dir / "model" / "model.xml"))
-    (ir_dir / "golden.npz").write_bytes((bundle_dir / "golden.npz").read_bytes())
-    files = {p: ir_dir / p for p in ("model/model.xml", "model/model.bin", "golden.npz")}
+    (dest / "model").mkdir(parents=True)
+    ov.save_model(ov.convert_model(str(bundle_dir / manifest.model_path)), str(dest / "model" / "model.xml"))
+    (dest / "golden.npz").write_bytes((bundle_dir / "golden.npz").read_bytes())
+    files = {p: dest / p for p in ("model/model.xml", "model/model.bin", "golden.npz")}
     ir = with_providers(manifest, "openvino:CPU", "CPUExecutionProvider").model_copy(
-        update={"format": "openvino-ir", "model_path": "model/model.xml", "files": describe_files(files)}
-    )
+        update={"format": "openvino-ir", "model_path": "model/model.xml", "files": describe_files(files),
+                "recipe": recipe}
+    )  # fmt: skip
+    return dest, ir
+
+
+def test_an_openvino_ir_bundle_runs_on_the_openvino_runtime(digits: tuple[Path, Manifest], tmp_path: Path) -> None:
+    """An FP32 bundle runs in f32: OpenVINO's CPU default is bf16 wherever the CPU has AVX-512 BF16 or AMX."""
+    ir_dir, ir = _ir_bundle(digits, tmp_path / "ir", Recipe(name="fp32", precision="fp32", runtime="openvino"))
     model = LoadedModel(ir_dir, ir, 1, cache_dir=tmp_path / "cache")
     assert model.provider == "openvino:CPU"
     assert "cannot load openvino-ir bundles" in model.choice.reasons["CPUExecutionProvider"]
     assert model.check_golden().passed
-    assert model.session.describe()["INFERENCE_PRECISION_HINT"] in ("<Type: 'float32'>", "f32", "float32")
+    assert model.session.describe()["INFERENCE_PRECISION_HINT"] in F32
+
+
+def test_an_int8_bundle_runs_its_float_layers_with_the_hint_the_converter_measured(
+    digits: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    pinned = Recipe(name="int8-static-qdq", precision="int8-static", runtime="openvino",
+                    passes=[PassRecord(name="openvino-ir", params={"inference_precision_hint": "f32"})])  # fmt: skip
+    ir_dir, ir = _ir_bundle(digits, tmp_path / "pinned", pinned)
+    model = LoadedModel(ir_dir, ir, 1, cache_dir=tmp_path / "cache")
+    assert model.provider == "openvino:CPU" and model.check_golden().passed
+    assert model.session.describe()["INFERENCE_PRECISION_HINT"] in F32
+    # the rule itself, on any CPU: only FP32 recipes and recipes measured with the f32 hint are pinned
+    free = pinned.model_copy(update={"passes": [PassRecord(name="openvino-ir", params={})]})
+    assert load_options(ir, 1, None, None, ()).float_f32
+    assert load_options(ir.model_copy(update={"recipe": free}), 1, None, None, ()).float_f32 is False

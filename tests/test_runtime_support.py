@@ -17,6 +17,7 @@ import onnxruntime as ort
 
 from edgefleet.agent.backends import Availability, Backend, CancelToken, LoadError, LoadOptions, Session
 from edgefleet.agent.backends.ort import OrtSession
+from edgefleet.agent.runtime import LoadedModel
 from edgefleet.core.bundle import MANIFEST_NAME, unpack_bundle
 from edgefleet.core.golden import GoldenSet
 from edgefleet.core.manifest import Manifest, TensorSpec
@@ -25,6 +26,26 @@ from edgefleet.core.signing import TrustedKeys
 from fleet_helpers import DIGITS
 
 DIGITS_MODEL = DIGITS / "digits_cnn.onnx"
+
+
+class ModelWrapper:
+    """A real model (agent.runtime.LoadedModel) seen through the service's ServedModel interface; tests subclass
+    it to observe or hold calls, and `run` delegates."""
+
+    def __init__(self, inner: LoadedModel) -> None:
+        self.inner = inner
+        self.manifest = inner.manifest
+
+    @property
+    def bundle_id(self) -> str:
+        return self.inner.bundle_id
+
+    @property
+    def provider(self) -> str:
+        return self.inner.provider
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.inner.run(feeds)
 
 
 def unpack(bundle: Path, public_key: Path, dest: Path) -> tuple[Path, Manifest]:

@@ -19,7 +19,7 @@ import pytest
 from edgefleet.agent.runtime import LoadedModel
 from edgefleet.agent.service import InferenceService, ServiceConfig
 
-from test_runtime_support import golden, symbolic_batch, unpack
+from test_runtime_support import ModelWrapper, golden, symbolic_batch, unpack
 
 INFER = "/v1/models/digits-cnn/infer"
 
@@ -34,20 +34,12 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self._path)
 
 
-class GatedModel:
+class GatedModel(ModelWrapper):
     """A real model whose calls wait for a gate: holds the service busy so the queue can fill deterministically."""
 
     def __init__(self, inner: LoadedModel) -> None:
-        self.inner, self.gate, self.entered = inner, threading.Event(), threading.Semaphore(0)
-        self.manifest = inner.manifest
-
-    @property
-    def bundle_id(self) -> str:
-        return self.inner.bundle_id
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
+        super().__init__(inner)
+        self.gate, self.entered = threading.Event(), threading.Semaphore(0)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.entered.release()

@@ -1,4 +1,4 @@
-"""Latency histogram: fixed buckets, percentile estimates, thread safety, exposition."""
+"""Latency histogram: fixed buckets, percentile estimates, thread safety; the /metrics page."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from edgefleet.agent.metrics import Exposition, Histogram, ServiceMetrics
+from edgefleet.agent.metrics import Histogram, ServiceMetrics
+from edgefleet.agent.metrics_export import MetricsPage
 
 
 def test_percentiles_from_buckets_track_the_real_ones() -> None:
@@ -51,14 +52,32 @@ def test_bucket_bounds_must_increase() -> None:
         Histogram([1.0, 0.5])
 
 
-def test_exposition_escapes_labels_and_writes_cumulative_buckets_in_seconds() -> None:
+def test_the_page_escapes_labels_and_writes_cumulative_buckets_in_seconds() -> None:
     metrics = ServiceMetrics(bounds_ms=[1.0, 10.0])
     metrics.observe('we"ird\\model', "b-1", "openvino:CPU", 0.5)
     metrics.observe('we"ird\\model', "b-1", "openvino:CPU", 5.0)
-    text = metrics.exposition()
+    page, content_type = MetricsPage(metrics).render()
+    text = page.decode()
+    assert content_type.startswith("text/plain; version=0.0.4")
     assert 'model="we\\"ird\\\\model"' in text
-    assert 'le="0.001"} 1' in text and 'le="0.01"} 2' in text and 'le="+Inf"} 2' in text
+    buckets = {line.split('le="')[1].split('"')[0]: line.rsplit(" ", 1)[1] for line in text.splitlines()
+               if line.startswith("edgefleet_inference_latency_seconds_bucket")}  # fmt: skip
+    assert buckets == {"0.001": "1.0", "0.01": "2.0", "+Inf": "2.0"}
     assert "edgefleet_inference_latency_seconds_sum" in text and text.endswith("\n")
-    page = Exposition()
-    page.family("x_total", "counter", "a\nb")
-    assert page.text() == "# HELP x_total a b\n# TYPE x_total counter\n"
+    assert "process_resident_memory_bytes" in text or "process_" not in text  # Linux has /proc; others skip it
+
+
+def test_counters_have_total_and_created_and_openmetrics_is_negotiated() -> None:
+    metrics = ServiceMetrics()
+    metrics.requests.inc("m", "200")
+    metrics.failure("m")
+    page = MetricsPage(metrics)
+    text = page.render()[0].decode()
+    assert 'edgefleet_requests_total{code="200",model="m"} 1.0' in text
+    assert 'edgefleet_requests_created{code="200",model="m"}' in text
+    assert 'edgefleet_model_failures_total{model="m"} 1.0' in text
+    body, content_type = page.render("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text; version=1.0.0")
+    open_metrics = body.decode()
+    assert "# TYPE edgefleet_requests counter" in open_metrics and open_metrics.endswith("# EOF\n")
+    assert "edgefleet_model_info{bundle_id=" not in open_metrics or "# TYPE edgefleet_model info" in open_metrics

@@ -1,4 +1,5 @@
-"""The SQLite store behind its URL: dedup, retention and downsampling, rollouts, leases, shared by processes."""
+"""The store behind its URL, on both backends (SQLite and a real PostgreSQL): dedup, retention and downsampling,
+rollouts, leases with fencing tokens, migrations, shared by processes."""
 
 from __future__ import annotations
 
@@ -11,20 +12,36 @@ import pytest
 from edgefleet.control.store import (
     BundleRecord,
     Deployment,
+    Fence,
+    FencedOut,
     GroupDef,
     PublishedDesired,
     RolloutRow,
     Store,
     StoreError,
-    open_store,
 )
+from edgefleet.control.store_open import open_store
+from edgefleet.control.store_sql_base import WRITE_MS_COUNTER, write_ms_quantile
 from edgefleet.core.errors import UnknownNameError
 from edgefleet.core.messages import DeviceStatus, Event, Hardware, LatencySummary, Telemetry
 
+from pg_server import PostgresServer
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store's URL: a SQLite file, or a new database on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path}/control.sqlite"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.create_database("store")
+
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = open_store(f"sqlite://{tmp_path}/control.sqlite")
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url)
     yield s
     s.close()
 
@@ -51,7 +68,7 @@ def telemetry(
     ("url", "message"),
     [
         ("mysql://x/y", "unknown store URL scheme 'mysql'"),
-        ("postgresql://db/edgefleet", "a PostgreSQL store is not built yet"),
+        ("postgresql://127.0.0.1:1/edgefleet", "cannot open the store postgresql://127.0.0.1:1/edgefleet"),
         ("sqlite://", "names no file"),
         ("sqlite:///:memory:", "names no file"),
     ],
@@ -146,6 +163,23 @@ def test_compaction_downsamples_old_reports_and_drops_what_is_too_old(store: Sto
     assert gone.deleted_rollups == 3 and store.series("d1", 0.0, 9000.0, 60.0) == []
 
 
+def test_compaction_works_in_short_transactions_of_whole_buckets(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgefleet.control import store_sql_telemetry
+
+    monkeypatch.setattr(store_sql_telemetry, "BATCH_ROWS", 8)  # so 200 reports take many transactions
+    reports = [telemetry(f"d{i % 2}", i + 1, 1000.0 + 3 * i, p95=float(i % 7)) for i in range(200)]
+    store.add_telemetry(reports, 1.0)
+    before = {d: store.series(d, 0.0, 2000.0, 60.0) for d in ("d0", "d1")}
+    result = store.compact(1600.0, raw_retention_s=0.0, bucket_s=10.0, rollup_retention_s=1e9, event_retention_s=1e9)
+    assert result.downsampled_reports == result.deleted_raw == 200 and store.telemetry_count() == 0
+    for device, series in before.items():
+        after = store.series(device, 0.0, 2000.0, 60.0)
+        assert [(p.ts, p.reports, p.requests) for p in after] == [(p.ts, p.reports, p.requests) for p in series]
+        assert [p.p95_ms for p in after] == pytest.approx([p.p95_ms for p in series])
+    gone = store.compact(1e9, raw_retention_s=0.0, bucket_s=10.0, rollup_retention_s=1.0, event_retention_s=1e9)
+    assert gone.deleted_rollups == 120, "2 devices x 60 buckets of 10 s, deleted 8 at a time"
+
+
 def test_groups_deployments_published_and_bundles_round_trip(store: Store) -> None:
     group = GroupDef("berlin", ("d1",), "site=berlin", 5)
     store.put_group(group)
@@ -161,6 +195,10 @@ def test_groups_deployments_published_and_bundles_round_trip(store: Store) -> No
     assert store.published()["d1"].bundle_id == "b1"
     store.set_published("d1", None)
     assert store.published() == {}
+    store.set_published_many([(f"d{i}", PublishedDesired(f"d{i}", "b2", False, 5.0)) for i in range(100)])
+    store.set_published_many([("d0", None), ("d1", PublishedDesired("d1", "b3", True, 6.0))])
+    published = store.published()
+    assert len(published) == 99 and published["d1"] == PublishedDesired("d1", "b3", True, 6.0)
     store.put_bundle(BundleRecord("b1", "m", "1", "p", 10, 0.01, 4.0))
     assert store.bundle("b1") == BundleRecord("b1", "m", "1", "p", 10, 0.01, 4.0) and store.bundle("x") is None
 
@@ -184,10 +222,58 @@ def test_one_lease_holder_at_a_time(store: Store) -> None:
     assert store.lease("engine") is None
 
 
+def test_a_lease_term_fences_rollout_writes_of_a_holder_that_lost_it(store: Store) -> None:
+    first = store.acquire_lease("engine", "a", 10.0, now=100.0)
+    assert first is not None and store.acquire_lease("engine", "a", 10.0, now=105.0) == first, "renewal: same term"
+    stale = store.with_fence(Fence("engine", "a", first))
+    stale.save_rollout(RolloutRow("r1", "running", '{"wave": 0}', 1.0, 1.0))
+    stale.put_deployment(Deployment("device", "d1", "p", "b1", "m", "1", updated_at=1.0))
+    # "a" stalls past its lease; "b" takes over with a higher token.
+    second = store.acquire_lease("engine", "b", 10.0, now=120.0)
+    assert second is not None and second > first
+    with pytest.raises(FencedOut, match="term 1 of a is over"):
+        stale.save_rollout(RolloutRow("r1", "running", '{"wave": 1}', 1.0, 2.0))
+    with pytest.raises(FencedOut):
+        stale.put_deployment(Deployment("device", "d1", "p", "b2", "m", "2", updated_at=2.0))
+    with pytest.raises(FencedOut):
+        stale.set_published("d1", PublishedDesired("d1", "b2", False, 2.0))
+    with pytest.raises(FencedOut):
+        stale.delete_deployment("device", "d1")
+    row = store.rollout("r1")
+    assert row is not None and row.doc == '{"wave": 0}' and store.deployments()[0].bundle_id == "b1", "nothing written"
+    current = store.with_fence(Fence("engine", "b", second))
+    current.save_rollout(RolloutRow("r1", "running", '{"wave": 1}', 1.0, 2.0))
+    stale.close()  # a fenced view shares the connections and closes nothing
+    assert store.rollout("r1") is not None
+    # A release ends the term too, and the next holder never gets a token handed out before.
+    store.release_lease("engine", "b")
+    with pytest.raises(FencedOut, match="now held by nobody"):
+        current.save_rollout(RolloutRow("r1", "running", '{"wave": 2}', 1.0, 3.0))
+    third = store.acquire_lease("engine", "a", 10.0, now=130.0)
+    assert third is not None and third > second
+
+
 def test_counters_add_up(store: Store) -> None:
     store.add_counters({"ingest.telemetry": 3, "ingest.duplicates": 0})
     store.add_counters({"ingest.telemetry": 2})
     assert store.counters() == {"ingest.telemetry": 5}
+
+
+def test_telemetry_write_times_are_saved_with_the_counters(store: Store) -> None:
+    for batch in range(4):
+        store.add_telemetry([telemetry("d1", batch * 10 + i + 1, 1000.0 + batch * 10 + i) for i in range(10)], 1.0)
+    assert not any(k.startswith(WRITE_MS_COUNTER) for k in store.counters()), "nothing is written on its own"
+    store.add_counters({"ingest.telemetry": 40})
+    counters = store.counters()
+    assert sum(v for k, v in counters.items() if k.startswith(WRITE_MS_COUNTER)) == 4
+    p95 = write_ms_quantile(counters, 0.95)
+    assert p95 is not None and 0 < p95 <= 10000
+
+
+def test_write_time_quantiles_read_the_histogram() -> None:
+    histogram = {f"{WRITE_MS_COUNTER}00002": 90, f"{WRITE_MS_COUNTER}00050": 9, f"{WRITE_MS_COUNTER}inf": 1, "x": 5}
+    assert write_ms_quantile(histogram, 0.5) == 2.0 and write_ms_quantile(histogram, 0.95) == 50.0
+    assert write_ms_quantile(histogram, 1.0) == float("inf") and write_ms_quantile({}, 0.95) is None
 
 
 def _writer(url: str, worker: int) -> None:
@@ -201,8 +287,8 @@ def _writer(url: str, worker: int) -> None:
     s.close()
 
 
-def test_processes_sharing_one_file_store_each_report_once(tmp_path: Path) -> None:
-    url = f"sqlite://{tmp_path}/shared.sqlite"
+def test_processes_sharing_one_store_each_report_once(store_url: str) -> None:
+    url = store_url
     open_store(url).close()
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(url, w)) for w in range(2)]

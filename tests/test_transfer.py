@@ -1,4 +1,4 @@
-"""Block transfer over MQTT: retained blocks, per-block hashes, resume fetching only what is missing."""
+"""Block transfer over MQTT (the first layout): retained blocks, per-block hashes, a resume fetches what is missing."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_a_download_fetches_every_block_and_checks_the_whole_file(
     host: Connection, device: Connection, topics: Topics, demo_bundles: dict[str, Path], tmp_path: Path
 ) -> None:
     bundle = demo_bundles["generic-x86-64"]
-    _, offer = publish_bundle(host, topics, bundle, block_size=BLOCK)
+    _, offer = publish_bundle(host, topics, bundle, block_size=BLOCK, layout="blocks")
     assert offer.transfer.block_count == -(-bundle.stat().st_size // BLOCK)
     fetched = BlockDownload(device, topics, offer, tmp_path / "b.part").run()
     assert fetched.read_bytes() == bundle.read_bytes()
@@ -35,7 +35,7 @@ def test_a_resumed_download_fetches_only_the_missing_blocks(
     host: Connection, device: Connection, topics: Topics, demo_bundles: dict[str, Path], tmp_path: Path
 ) -> None:
     bundle = demo_bundles["generic-x86-64"]
-    _, offer = publish_bundle(host, topics, bundle, block_size=BLOCK)
+    _, offer = publish_bundle(host, topics, bundle, block_size=BLOCK, layout="blocks")
     part = tmp_path / "b.part"
     first = BlockDownload(device, topics, offer, part)
     first._open_record()  # what a crashed earlier run leaves: a record and a partly written file
@@ -58,7 +58,7 @@ def test_a_resume_rechecks_recorded_blocks_so_a_lost_write_is_fetched_again(
 ) -> None:
     """What a power cut can leave: the record claims blocks whose bytes never reached the disk."""
     bundle = demo_bundles["generic-x86-64"]
-    _, offer = publish_bundle(host, topics, bundle, block_size=BLOCK)
+    _, offer = publish_bundle(host, topics, bundle, block_size=BLOCK, layout="blocks")
     part = tmp_path / "b.part"
     BlockDownload(device, topics, offer, part)._open_record()
     record = part.with_name(part.name + ".blocks")
@@ -72,7 +72,7 @@ def test_a_corrupt_block_is_never_accepted(
     host: Connection, device: Connection, topics: Topics, demo_bundles: dict[str, Path], tmp_path: Path
 ) -> None:
     bundle = demo_bundles["generic-x86-64"]
-    manifest, offer = publish_bundle(host, topics, bundle, block_size=BLOCK)
+    manifest, offer = publish_bundle(host, topics, bundle, block_size=BLOCK, layout="blocks")
     host.publish(topics.bundle_block(manifest.bundle_id, 1), b"\x00" * BLOCK, qos=1, retain=True, wait=5)
     fetch = BlockDownload(device, topics, offer, tmp_path / "b.part", stall_timeout_s=1.0, max_stalls=1)
     with pytest.raises(TransferError):
@@ -80,5 +80,5 @@ def test_a_corrupt_block_is_never_accepted(
     assert fetch.corrupt_blocks >= 1
     assert fetch.record_path.read_bytes()[1] == 0, "the corrupt block is not recorded as held"
     # Once the host republishes the right block, the same download completes.
-    publish_bundle(host, topics, bundle, block_size=BLOCK)
+    publish_bundle(host, topics, bundle, block_size=BLOCK, layout="blocks")
     assert BlockDownload(device, topics, offer, tmp_path / "b.part").run().read_bytes() == bundle.read_bytes()
