@@ -341,7 +341,9 @@ class HttpServer:
 
     def _resume(self, conn: Conn) -> None:
         self._register(conn)
-        if conn.buf:
+        # A connection handed back while still registered may have been read (and its buffered requests parsed,
+        # even handed to a worker again) before it got here: parse only one that is still waiting for its head.
+        if conn.buf and conn.state in (IDLE, HEAD) and not conn.closed:
             self._parse(conn)
 
     # --- bookkeeping

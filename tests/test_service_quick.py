@@ -89,17 +89,24 @@ def test_the_slot_a_quick_request_reserved_is_given_back_when_its_body_is_refuse
         svc._slots.release()
 
 
-@pytest.mark.parametrize("count", [300])
-def test_pipelined_requests_are_answered_in_order_without_recursion(models: dict[str, LoadedModel], count: int) -> None:
+@pytest.mark.parametrize("extra_ms", [0.0, 2 * QUICK_MS], ids=["quick", "workers"])
+def test_pipelined_requests_are_answered_in_order_without_recursion(
+    models: dict[str, LoadedModel], extra_ms: float
+) -> None:
+    """300 requests in one write: answered once each, in order, whether the I/O thread answers them (quick) or the
+    workers do (a model slower than QUICK_MS, as every model is on a loaded machine)."""
+    count = 300
     x = sample(models)
-    with InferenceService([models["v1"]], ServiceConfig(port=0)) as svc:
-        assert call(svc, "POST", OIP, _oip(x, "warm"))[0] == 200  # the model's latency is known: quick from here
+    with InferenceService([RecordingModel(models["v1"], extra_s=extra_ms / 1000)], ServiceConfig(port=0)) as svc:
+        assert call(svc, "POST", OIP, _oip(x, "warm"))[0] == 200  # the model's latency is known from here
         requests = []
         for index in range(count):
             body = _oip(x, f"r{index}")
             requests.append(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         with socket.create_connection(("127.0.0.1", svc.port), timeout=30) as sock:
-            sock.sendall(b"".join(requests))
+            # A pipelining client reads while it writes: the answers must never wait for the whole pipeline to be sent.
+            sender = threading.Thread(target=sock.sendall, args=(b"".join(requests),), daemon=True)
+            sender.start()
             reader = sock.makefile("rb")
             ids = []
             for _ in range(count):
@@ -109,6 +116,7 @@ def test_pipelined_requests_are_answered_in_order_without_recursion(models: dict
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
                 ids.append(json.loads(reader.read(length))["id"])
+            sender.join(30)
         assert ids == [f"r{index}" for index in range(count)]
 
 
