@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.control.store import StoreError
+from edgefleet.control.store import Fence, FencedOut, RolloutRow, StoreError
 from edgefleet.control.store_open import open_store
 from edgefleet.control.store_postgres import _options, _redacted
 from edgefleet.core.messages import LatencySummary, Telemetry
@@ -26,11 +26,14 @@ def report(device: str, seq: int) -> Telemetry:
 
 
 def test_url_options_are_ours_and_the_rest_goes_to_libpq() -> None:
-    conninfo, size, retry_s = _options("postgresql://u:pw@db:5433/fleet?sslmode=require&pool_size=3&retry_s=7")
-    assert (size, retry_s) == (3, 7.0)
-    assert conninfo == "postgresql://u:pw@db:5433/fleet?sslmode=require&connect_timeout=5"
+    options = _options("postgresql://u:pw@db:5433/fleet?sslmode=require&pool_size=3&retry_s=7&idle_tx_s=2.5")
+    assert (options.pool_size, options.retry_s, options.idle_tx_s) == (3, 7.0, 2.5)
+    assert options.conninfo == "postgresql://u:pw@db:5433/fleet?sslmode=require&connect_timeout=5"
+    assert _options("postgresql://db/fleet").idle_tx_s == 5.0
     with pytest.raises(StoreError, match="pool_size must be an integer"):
         _options("postgresql://db/fleet?pool_size=many")
+    with pytest.raises(StoreError, match="idle_tx_s must be at least 0"):
+        _options("postgresql://db/fleet?idle_tx_s=-1")
     assert _redacted("postgresql://u:secret@db/fleet") == "postgresql://u:***@db/fleet"
 
 
@@ -57,3 +60,45 @@ def test_calls_wait_out_a_database_restart(tmp_path: Path) -> None:
             assert store.acquire_lease("engine", "a", 10.0, time.time()) is not None
         finally:
             store.close()
+
+
+def test_a_leader_stalled_inside_a_fenced_write_does_not_hold_up_the_takeover(postgres: PostgresServer) -> None:
+    """A fenced write holds the lease row FOR SHARE until it commits. A leader that stalls inside one (SIGSTOP, a
+    paused VM) would block every takeover for as long as it stalls; the server ends its idle transaction instead,
+    the takeover goes through while it is still stalled, and when it wakes its write is gone and its retry fenced."""
+    url = postgres.create_database("stall") + "?idle_tx_s=1&retry_s=5"
+    leader, other = open_store(url), open_store(url)
+    try:
+        term = leader.acquire_lease("engine", "a", ttl_s=0.5, now=time.time())
+        assert term is not None
+        fenced = leader.with_fence(Fence("engine", "a", term))
+        inside, wake, woke = threading.Event(), threading.Event(), []
+
+        def stalled_write() -> None:
+            try:
+                with fenced._fenced_tx() as db:  # the lease row is held FOR SHARE from here to the commit
+                    inside.set()
+                    wake.wait(60)  # stalled: the session sits idle in its transaction
+                    db.execute("SELECT 1")
+                woke.append("committed")
+            except Exception as err:  # what the woken leader saw is the result
+                woke.append(type(err).__name__)
+
+        writer = threading.Thread(target=stalled_write)
+        writer.start()
+        assert inside.wait(10)
+        time.sleep(0.6)  # the lease is over; the leader is still stalled inside its write
+        started = time.monotonic()
+        taken = other.acquire_lease("engine", "b", ttl_s=30, now=time.time())
+        waited = time.monotonic() - started
+        assert taken is not None and taken > term, "the takeover got the lease while the old leader was stalled"
+        assert not wake.is_set() and waited < 30, f"the takeover waited {waited:.1f} s"
+        wake.set()
+        writer.join(30)
+        assert woke and woke[0] != "committed", "the stalled write was rolled back by the server"
+        with pytest.raises(FencedOut, match=r"term .* of a is over"):
+            fenced.save_rollout(RolloutRow(id="r1", state="running", doc="{}", created_at=0.0, updated_at=0.0))
+    finally:
+        wake.set()
+        leader.close()
+        other.close()

@@ -1,6 +1,6 @@
 """The PostgreSQL store: psycopg 3 with a connection pool (psycopg-pool), the shared SQL of `store_sql*`.
 
-`postgresql://user:password@host:5432/edgefleet?pool_size=8&retry_s=60` (any libpq parameter besides).
+`postgresql://user:password@host:5432/edgefleet?pool_size=8&retry_s=60&idle_tx_s=5` (any libpq parameter besides).
 Several control-plane instances on several machines share one database: deduplication is in UNIQUE
 constraints, rows are locked in a fixed order, leases carry fencing tokens, and migrations take an
 advisory lock. A lost connection (a database restart, a failover) is not an error the caller sees: every
@@ -8,6 +8,11 @@ store call is one transaction (or read), and a call that fails on a connection p
 serialization conflict is retried on a fresh connection for up to `retry_s` seconds, so ingestion waits
 for the database to come back instead of dropping what it received. Retried writes are idempotent
 (upserts, `ON CONFLICT DO NOTHING`), except counters, which may count a retried batch twice.
+
+A stalled instance (SIGSTOP, a VM paused, a machine swapping) must not hold locks while it is stalled: a fenced
+write holds the lease row FOR SHARE, and a takeover waits for it. So the server ends any session of ours that
+sits idle inside a transaction for `idle_tx_s` seconds (PostgreSQL's idle_in_transaction_session_timeout); the
+stalled instance's write is rolled back, its retry is refused by the fence, and it steps down.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -51,18 +56,29 @@ class _PgDb:
             return cur.rowcount
 
 
-def _options(url: str) -> tuple[str, int, float]:
-    """(libpq URL, pool size, retry seconds): our own query parameters are taken out of the URL."""
+class _Options(NamedTuple):
+    conninfo: str  # the libpq URL, without our own parameters
+    pool_size: int
+    retry_s: float  # how long a call retries on a connection problem
+    idle_tx_s: float  # the server ends a session idle inside a transaction this long (0: never)
+
+
+def _options(url: str) -> _Options:
+    """Our own query parameters are taken out of the URL; the rest goes to libpq."""
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
     try:
         size = int(query.pop("pool_size", "8"))
         retry_s = float(query.pop("retry_s", "60"))
+        idle_tx_s = float(query.pop("idle_tx_s", "5"))
     except ValueError as err:
-        raise StoreError(f"store URL {url!r}: pool_size must be an integer and retry_s a number") from err
+        raise StoreError(f"store URL {url!r}: pool_size must be an integer, retry_s and idle_tx_s numbers") from err
+    if idle_tx_s < 0:
+        raise StoreError(f"store URL {url!r}: idle_tx_s must be at least 0 (0: no limit)")
     query.setdefault("connect_timeout", "5")
     scheme = "postgresql"
-    return urlunsplit((scheme, parts.netloc, parts.path, urlencode(query), parts.fragment)), max(1, size), retry_s
+    conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(query), parts.fragment))
+    return _Options(conninfo, max(1, size), retry_s, idle_tx_s)
 
 
 def _retrying(method: F, patient: bool = True) -> F:
@@ -89,12 +105,19 @@ class PostgresStore(SqlStore):
     def __init__(self, url: str) -> None:
         super().__init__()
         self.url = url
-        conninfo, size, self.retry_s = _options(url)
+        options = _options(url)
+        conninfo, self.retry_s = options.conninfo, options.retry_s
+        idle_ms = str(round(options.idle_tx_s * 1000))
+
+        def configure(conn: psycopg.Connection[Any]) -> None:  # for the session (autocommit: no transaction)
+            conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (idle_ms,))
+
         self._pool = ConnectionPool(
             conninfo,
             min_size=1,
-            max_size=size,
+            max_size=options.pool_size,
             kwargs={"autocommit": True},
+            configure=configure,
             check=ConnectionPool.check_connection,  # a connection the server dropped is replaced on checkout
             open=False,
             name="edgefleet-store",
