@@ -33,23 +33,29 @@ if TYPE_CHECKING:
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-def _session_options(threads: int) -> ort.SessionOptions:
+def _session_options(threads: int, as_written: bool = False) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if as_written:  # no fusions: Q/DQ nodes stay, so int8 arithmetic is the graph's, not this CPU's kernels'
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return options
 
 
-def ort_runner(model: Path | onnx.ModelProto, threads: int = 1, provider: str = "CPUExecutionProvider") -> Runner:
+def ort_runner(
+    model: Path | onnx.ModelProto, threads: int = 1, provider: str = "CPUExecutionProvider", *, as_written: bool = False
+) -> Runner:
+    """`as_written` runs the graph without fusions: the reference arithmetic of a quantized graph, for a host
+    that stands in for other hardware (see Spec.as_written)."""
     source: str | bytes = str(model) if isinstance(model, Path) else model.SerializeToString()
     try:
-        session = ort.InferenceSession(source, _session_options(threads), providers=[provider])
+        session = ort.InferenceSession(source, _session_options(threads, as_written), providers=[provider])
     except Exception as err:  # onnxruntime raises its own untyped exceptions
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         if "is not a registered function/op" not in first:
             raise ConversionError(f"onnxruntime cannot load the model: {first}") from err
-        session = _custom_op_session(model, threads, provider)
+        session = _custom_op_session(model, threads, provider, as_written)
     names = [o.name for o in session.get_outputs()]
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -60,7 +66,9 @@ def ort_runner(model: Path | onnx.ModelProto, threads: int = 1, provider: str = 
     return run
 
 
-def _custom_op_session(model: Path | onnx.ModelProto, threads: int, provider: str) -> ort.InferenceSession:
+def _custom_op_session(
+    model: Path | onnx.ModelProto, threads: int, provider: str, as_written: bool = False
+) -> ort.InferenceSession:
     """A session for a model holding custom ops, with their implementations from the custom-op packages. A file
     with external data is run from its path (a renamed copy beside its data, removed once the session holds it)."""
     from edgefleet.converter.passes.custom_ops import host_session_path, host_session_source
@@ -72,7 +80,7 @@ def _custom_op_session(model: Path | onnx.ModelProto, threads: int, provider: st
             source, libraries = host_session_path(model, Path(work))
         else:
             source, libraries = host_session_source(onnx.load(str(model)) if isinstance(model, Path) else model)
-        options = _session_options(threads)
+        options = _session_options(threads, as_written)
         for library in libraries:
             options.register_custom_ops_library(library)
         try:

@@ -31,7 +31,7 @@ def candidate_of(
         latency_ms=stats.median_ms if stats else None,
         error=built.error,
         format=built.spec.format,
-        provider=target.providers[0] if status.measurable else f"{status.run_on} (proxy for {target.providers[0]})",
+        provider=target.providers[0] if status.measurable else _proxy(built, status, target),
         measured=status.measurable,
         gate=built.gate,
         sqnr_db=built.score.sqnr_db if built.score else None,
@@ -40,6 +40,11 @@ def candidate_of(
         order=order,
         bar=built.judged.bar if built.judged else None,
     )
+
+
+def _proxy(built: Built, status: TargetStatus, target: Target) -> str:
+    written = ", graph as written" if built.spec.as_written else ""
+    return f"{status.run_on}{written} (proxy for {target.providers[0]})"
 
 
 def search_report(ctx: Context, found: ProfileSearch, budget: Budget, chosen: str) -> SearchReport:
