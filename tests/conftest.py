@@ -17,10 +17,13 @@ from edgefleet.core.topics import Topics
 
 from brokers import MosquittoBroker
 from fleet_helpers import DIGITS, AgentProcess, FleetWatcher
+from host_cpu import hide_cpu_flags_from_env
 from pg_server import PostgresServer
 
 # The attack ledger's fixture and its end-of-session table (tests/attack_ledger.py).
 pytest_plugins = ["attack_ledger"]
+
+hide_cpu_flags_from_env()  # EDGEFLEET_TEST_CPU_WITHOUT: profile matching as on a CPU without those flags
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from edgefleet.core.profiles import get_profile
 from edgefleet.core.signing import SigningKey
 
 from fleet_helpers import DIGITS
+from host_cpu import matches_this_host
 
 
 def test_demo_bundles_carry_accuracy_latency_recipe_and_golden_set(demo_bundles: dict[str, Path]) -> None:
@@ -25,7 +26,10 @@ def test_demo_bundles_carry_accuracy_latency_recipe_and_golden_set(demo_bundles:
         assert manifest.profile == profile and manifest.format == "onnx"
         assert manifest.accuracy.metric == "top1" and manifest.accuracy.value >= 0.95
         assert manifest.accuracy.value >= manifest.accuracy.reference - manifest.accuracy.budget
-        assert manifest.latency is not None and manifest.latency.median_ms > 0
+        if matches_this_host(get_profile(profile)):
+            assert manifest.latency is not None and manifest.latency.median_ms > 0
+        else:  # e.g. intel-x86-vnni built on a CPU without VNNI: accuracy on a proxy, latency left to the device
+            assert manifest.latency is None
         assert manifest.recipe.precision in ("fp32", "int8-static", "int8-dynamic")
         assert (manifest.format, manifest.recipe.runtime) in (("onnx", "onnxruntime"), ("openvino-ir", "openvino"))
         assert manifest.inputs[0].name == "input" and manifest.opset == {"": 17}

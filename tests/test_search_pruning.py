@@ -21,6 +21,7 @@ from edgefleet.core.signing import SigningKey
 from edgefleet.core.tensors import Dataset
 
 from fleet_helpers import DIGITS
+from host_cpu import as_this_host
 from timing_models import matmul_chain
 
 BAR = 0.9
@@ -127,8 +128,9 @@ def test_a_shipped_bundle_always_passed_its_accuracy_gate(tmp_path: Path, signin
     with phases.recording() as clock:
         (result,) = convert(
             ConvertRequest(
-                model=DIGITS / "digits_cnn.onnx", profiles=[get_profile("intel-x86-vnni")], calib=DIGITS / "calib.npz",
-                eval=DIGITS / "eval.npz", out=tmp_path, key=signing_key, name="digits", version="1", report=False,
+                model=DIGITS / "digits_cnn.onnx", profiles=[as_this_host(get_profile("intel-x86-vnni"))],
+                calib=DIGITS / "calib.npz", eval=DIGITS / "eval.npz", out=tmp_path, key=signing_key, name="digits",
+                version="1", report=False,
             )
         )  # fmt: skip
     assert result.bundle is not None and result.recipe is not None
