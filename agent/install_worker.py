@@ -9,13 +9,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING
 
+from edgefleet.agent.commit_notice import announce_commits
 from edgefleet.agent.desired_state import DesiredRefused
 from edgefleet.agent.installer import InstallContext, Refused, install, load_installed
 from edgefleet.agent.reporting import Reporter
 from edgefleet.agent.runtime import LoadedModel, RuntimeOptions
-from edgefleet.agent.store import Store
+from edgefleet.agent.store import CommitNotice, Store
 from edgefleet.agent.transfer import TransferError
 from edgefleet.agent.trust import DeviceTrust
 from edgefleet.core.errors import BrokerError, BundleError, EdgefleetError
@@ -49,8 +51,10 @@ class InstallWorker(Reporter):
                 self.store.commit(bundle_id, manifest.model_name, manifest.model_version, raise_floor=False)
             log.info("serving committed bundle %s on %s", bundle_id, self.model.provider)
             self.state = "serving"
-            return
-        self.state = "idle"
+            break
+        else:
+            self.state = "idle"
+        self._announce_commits()  # a crash may have come between a commit and its event
 
     def _on_desired(self, topic: str, payload: bytes, group: str | None) -> None:
         """Signed desired state (agent/desired_state.py): a refused document is reported and never acted on."""
@@ -109,13 +113,19 @@ class InstallWorker(Reporter):
             kind: EventKind = "rolled-back" if self.model is not None else "refused"
             self._fail(bundle_id, kind, str(err))
             return
-        self.store.commit(bundle_id, model.manifest.model_name, model.manifest.model_version)
+        previous = self.model
+        detail = f"now serving on {model.provider}" + (f" (was {previous.bundle_id})" if previous else "")
+        notice = CommitNotice(bundle_id=bundle_id, detail=detail, ts=time.time())  # owed in the commit's own write
+        self.store.commit(bundle_id, model.manifest.model_name, model.manifest.model_version, notice=notice)
         model.bundle_dir = self.store.bundle_dir(bundle_id)
-        previous = self._swap(model)
+        self._swap(model)
         self.last_error = None
         self._set_state("serving")
-        detail = f"now serving on {model.provider}" + (f" (was {previous.bundle_id})" if previous else "")
-        self._event("committed", detail, bundle_id=bundle_id)
+        self._announce_commits()
+
+    def _announce_commits(self) -> None:
+        """Spool the "committed" events owed (agent/commit_notice.py)."""
+        announce_commits(self.store, lambda n: self._event("committed", n.detail, bundle_id=n.bundle_id, ts=n.ts))
 
     def _install_context(self) -> InstallContext:
         return InstallContext(

@@ -88,18 +88,26 @@ class Reporter:
                 )
 
     def _event(
-        self, kind: EventKind, detail: str, *, bundle_id: str | None = None, progress: float | None = None
-    ) -> None:
+        self,
+        kind: EventKind,
+        detail: str,
+        *,
+        bundle_id: str | None = None,
+        progress: float | None = None,
+        ts: float | None = None,
+    ) -> bool:
+        """Spool an event (`ts`: when it happened, if not now); False when the disk could not take it."""
         log.info("event %s %s: %s", kind, bundle_id or "", detail)
         try:
             seq = self.spool.next_sequence()
         except Exception as err:  # a full disk: this event is lost, the agent goes on (status says why)
             log.error("cannot record event %s: %s", kind, err)
-            return
+            return False
         event = Event(
-            device_id=self.config.device_id, kind=kind, bundle_id=bundle_id, detail=detail, progress=progress, seq=seq
-        )
-        self._enqueue(self.topics.events(self.config.device_id), event.encode())
+            device_id=self.config.device_id, kind=kind, bundle_id=bundle_id, detail=detail, progress=progress, seq=seq,
+            **({"ts": ts} if ts is not None else {}),
+        )  # fmt: skip
+        return self._enqueue(self.topics.events(self.config.device_id), event.encode())
 
     def _check_stale(self) -> None:
         """Freeze detection: report (once per change) when the desired document in force expired."""
@@ -149,13 +157,14 @@ class Reporter:
         self._enqueue(self.topics.telemetry(self.config.device_id), message.encode())
 
     # --- the disk spool between reports and the broker
-    def _enqueue(self, topic: str, payload: bytes) -> None:
+    def _enqueue(self, topic: str, payload: bytes) -> bool:
         try:
             self.spool.put(topic, payload)
         except Exception as err:  # a full disk: the report is lost, the agent goes on (status says why)
             log.error("cannot spool a report for %s: %s", topic, err)
-            return
+            return False
         self._spool_ready.set()
+        return True
 
     def _flush_loop(self) -> None:
         """Publish spooled reports in order; delete each only once the broker acknowledged it."""

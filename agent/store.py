@@ -5,7 +5,7 @@ Layout under STATE_DIR:
   bundles/<bundle_id>.staging/  a bundle being installed; removed on failure or at start-up
   downloads/<bundle_id>.part    a bundle file being fetched (resumable: see transfer.py)
   current -> bundles/<id>       the committed bundle; switched with an atomic rename
-  state.json                    committed id, history, the version floor per model, refusals
+  state.json                    committed id, history, the version floor per model, refusals, commit events owed
   floor.json                    second copy of the version floor (written first, fsync'd)
   trust/                        the adopted key set, desired-state counters (agent/trust.py, desired_state.py)
 
@@ -32,6 +32,16 @@ from edgefleet.core.manifest import parse_version
 log = logging.getLogger(__name__)
 
 
+class CommitNotice(BaseModel):
+    """A "committed" event the fleet is owed. It is written in the same atomic write as the commit and cleared only
+    once the event is in the disk spool, so a crash between the two repeats the event instead of losing it."""
+
+    model_config = ConfigDict(extra="forbid")
+    bundle_id: str
+    detail: str
+    ts: float = Field(description="when the commit happened: a replay after a crash keeps the time")
+
+
 class AgentState(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = 1
@@ -42,6 +52,9 @@ class AgentState(BaseModel):
     )
     refused: list[str] = Field(
         default_factory=list, description="'bundle@issued_at' this device gave up on; a new deploy retries"
+    )
+    unannounced: list[CommitNotice] = Field(
+        default_factory=list, description="commits whose event may not have reached the spool yet, oldest first"
     )
 
 
@@ -82,6 +95,7 @@ def merge_floors(*floors: dict[str, str]) -> dict[str, str]:
 
 
 ABANDONED_DOWNLOAD_S = 3 * 86400.0
+MAX_UNANNOUNCED = 20  # owed commit events kept while the spool cannot take them (a full disk)
 
 
 class Store:
@@ -117,7 +131,9 @@ class Store:
             if floor != self._read_floor_copy():
                 atomic_write(self._floor_path, json.dumps(floor, indent=2).encode())
             state = state.model_copy(update={"versions": merge_floors(floor, state.versions)})
-            atomic_write(self._state_path, state.model_dump_json(indent=2).encode())
+            # Written only while an event is owed (a moment): an older agent (extra="forbid") still reads the file.
+            text = state.model_dump_json(indent=2, exclude=None if state.unannounced else {"unannounced"})
+            atomic_write(self._state_path, text.encode())
 
     def floor(self) -> dict[str, str]:
         return self.load_state().versions
@@ -187,9 +203,18 @@ class Store:
                     removed.append(part.name)
             return removed
 
-    def commit(self, bundle_id: str, model_name: str, model_version: str, *, raise_floor: bool = True) -> AgentState:
+    def commit(
+        self,
+        bundle_id: str,
+        model_name: str,
+        model_version: str,
+        *,
+        raise_floor: bool = True,
+        notice: CommitNotice | None = None,
+    ) -> AgentState:
         """Promote a staged bundle to committed: rename, switch `current`, record state, prune. An install raises
-        the model's floor; a local rollback or start-up fallback (`raise_floor=False`) leaves it where it is."""
+        the model's floor; a local rollback or start-up fallback (`raise_floor=False`) leaves it where it is.
+        `notice`: the event this commit owes, recorded in the same write (agent/commit_notice.py sends it)."""
         with self._lock:
             staging, final = self.staging_dir(bundle_id), self.bundle_dir(bundle_id)
             if staging.exists():
@@ -207,12 +232,21 @@ class Store:
             versions = dict(state.versions)
             if raise_floor:
                 versions = merge_floors(versions, {model_name: model_version})
+            owed = [*state.unannounced, notice] if notice else state.unannounced
             state = AgentState(
-                committed=bundle_id, history=history[: self.keep_previous], versions=versions, refused=state.refused
-            )
+                committed=bundle_id, history=history[: self.keep_previous], versions=versions, refused=state.refused,
+                unannounced=owed[-MAX_UNANNOUNCED:],
+            )  # fmt: skip
             self.save_state(state)
             self._prune(state)
             return self.load_state()
+
+    def mark_announced(self, notice: CommitNotice) -> None:
+        """The event `notice` stood for is in the spool now (a read-modify-write: other notices may have come)."""
+        with self._lock:
+            state = self.load_state()
+            if notice in state.unannounced:
+                self.save_state(state.model_copy(update={"unannounced": [n for n in state.unannounced if n != notice]}))
 
     def remember_refusal(self, key: str, keep: int = 100) -> None:
         with self._lock:
