@@ -40,7 +40,7 @@ class MqttInference(Reporter):
         try:
             self._requests.put_nowait(payload)
         except queue.Full:
-            self.stats.record_error()
+            self.stats.record_error("mqtt:overloaded")
             log.warning("inference queue full; request dropped")
 
     def _inference_loop(self) -> None:
@@ -59,7 +59,7 @@ class MqttInference(Reporter):
         try:
             request = decode(InferRequest, payload)
         except MessageError as err:
-            self.stats.record_error()
+            self.stats.record_error("mqtt:bad-request")
             log.warning("refused inference request: %s", err)
             return
         response = self._infer(request)
@@ -73,7 +73,7 @@ class MqttInference(Reporter):
     def _infer(self, request: InferRequest) -> InferResponse:
         model = self.model
         if model is None:
-            self.stats.record_error()
+            self.stats.record_error("mqtt:no-model")
             return InferResponse(request_id=request.request_id, ok=False, error="no model installed")
         try:
             specs = {spec.name: spec for spec in model.manifest.inputs}
@@ -82,7 +82,7 @@ class MqttInference(Reporter):
             outputs = model.run(feeds)
             latency = (time.perf_counter() - start) * 1000
         except (MessageError, DataError, RequestError) as err:  # the caller's input: never the model's failure
-            self.stats.record_error()
+            self.stats.record_error("mqtt:bad-input")
             return InferResponse(request_id=request.request_id, ok=False, error=str(err), bundle_id=model.bundle_id)
         except Exception as err:  # a runtime failure answers the caller instead of killing the worker
             self.stats.record_failure()

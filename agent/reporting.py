@@ -147,7 +147,7 @@ class Reporter:
             rss_mb=self.resources.rss_mb(),
             temperature_c=self.resources.temperature_c(),
             queue_depth=self._requests.qsize() + (self.service.metrics.queue_depth() if self.service else 0),
-            errors_by_kind={k[0]: int(v) for k, v in self.service.metrics.errors.items()} if self.service else {},
+            errors_by_kind=self._errors_by_kind(),
             spool_depth=self.spool.depth(),
             spool_dropped=self.spool.dropped(),
             seq=self.spool.next_sequence(),
@@ -155,6 +155,11 @@ class Reporter:
             **self.quality.telemetry_fields(model),
         )
         self._enqueue(self.topics.telemetry(self.config.device_id), message.encode())
+
+    def _errors_by_kind(self) -> dict[str, int]:
+        """The local API's refusals and failures by kind, and MQTT inference's refusals ("mqtt:" kinds)."""
+        found = {k[0]: int(v) for k, v in self.service.metrics.errors.items()} if self.service else {}
+        return found | self.stats.refused_by_kind()
 
     # --- the disk spool between reports and the broker
     def _enqueue(self, topic: str, payload: bytes) -> bool:

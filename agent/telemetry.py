@@ -21,7 +21,7 @@ class RequestStats:
         self._outcomes: deque[bool] = deque(maxlen=window)  # True: answered, False: runtime failure
         self._requests = 0
         self._errors = 0  # the model's own failures: what telemetry's `errors` and the rollout judge count
-        self._refused = 0  # the caller's fault: never an error of the model
+        self._refused: dict[str, int] = {}  # refusals by kind since start: the caller's fault, never the model's
         self._probes = 0
         self._live: deque[float] = deque(maxlen=1024)  # arrival times of the latest live requests
         self._since = time.monotonic()
@@ -52,10 +52,16 @@ class RequestStats:
             probes, self._probes = self._probes, 0
         return probes
 
-    def record_error(self) -> None:
-        """A refused request (bad input, full queue): the caller's fault, not the model's, so not an error."""
+    def record_error(self, kind: str) -> None:
+        """A refused request (bad input, full queue): the caller's fault, not the model's, so not an error. Counted
+        by `kind` for telemetry's errors_by_kind."""
         with self._lock:
-            self._refused += 1
+            self._refused[kind] = self._refused.get(kind, 0) + 1
+
+    def refused_by_kind(self) -> dict[str, int]:
+        """Refusals since start, by kind (cumulative, as the local API's error counters are)."""
+        with self._lock:
+            return dict(self._refused)
 
     def record_failure(self) -> None:
         """The runtime failed on valid input: counts against the model's health."""

@@ -130,6 +130,8 @@ def test_hostile_string_tensors_get_an_error_reply_and_the_daemon_keeps_serving(
 ) -> None:
     remote = RemoteModel(served.host, TOPICS, DEVICE)
     before = len(served.watcher.telemetry)
+    earlier = [t for t in served.watcher.telemetry if t.device_id == DEVICE]
+    refused_before = earlier[-1].errors_by_kind.get("mqtt:bad-input", 0) if earlier else 0
     for name, (tensor, reason) in HOSTILE.items():
         answer = _ask_raw(served.host, tensor)
         (good,) = remote.infer_many([{"color": np.array([["red"]], dtype=object)}])
@@ -142,7 +144,7 @@ def test_hostile_string_tensors_get_an_error_reply_and_the_daemon_keeps_serving(
         assert reason in (answer.error or ""), (name, answer.error)
 
     # None of it counts against the model: every telemetry window from the first request to one that closed after
-    # the last reports 0 model failures (MQTT refusals are the caller's; they never reach `errors`).
+    # the last reports 0 model failures (MQTT refusals are the caller's: errors_by_kind, never `errors`).
     answered_at = time.time()
     watcher = served.watcher
 
@@ -153,5 +155,7 @@ def test_hostile_string_tensors_get_an_error_reply_and_the_daemon_keeps_serving(
     reports = watcher.wait_for("a telemetry window after the last request", windows, 30)
     assert sum(t.requests for t in reports) >= len(HOSTILE)  # the good requests between the hostile ones
     assert sum(t.errors for t in reports) == 0, [(t.errors, t.requests) for t in reports]
+    # They are counted where an operator looks: telemetry's refusals by kind.
+    assert reports[-1].errors_by_kind.get("mqtt:bad-input") == refused_before + len(HOSTILE), reports[-1]
     status = watcher.status[DEVICE]
     assert status.online and status.active_bundle == served.bundle_id and status.state == "serving"
