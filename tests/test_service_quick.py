@@ -141,3 +141,61 @@ def test_quick_answers_and_worker_answers_mix_under_concurrent_clients(models: d
     assert len(answers) == 100
     for answer in answers:
         np.testing.assert_allclose(answer, np.ravel(expected), rtol=1e-6)
+
+
+class BigAnswerModel(RecordingModel):
+    """A fast model with a big answer: 1 Mi zeros (np.zeros costs nothing, so its run stays under QUICK_MS)."""
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        super().run(feeds)
+        return {"logits": np.zeros((1, 1 << 20), dtype=np.float32)}
+
+
+def _read_answer(reader) -> tuple[int, bytes]:  # type: ignore[no-untyped-def]
+    status = int(reader.readline().split()[1])
+    length = 0
+    while (line := reader.readline()) != b"\r\n":
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return status, reader.read(length)
+
+
+def test_a_quick_answer_the_peer_cannot_take_at_once_is_finished_by_a_worker_while_others_are_served(
+    models: dict[str, LoadedModel],
+) -> None:
+    """A client that does not read (a 4 KiB receive buffer) asks for a multi-megabyte answer on the quick path: the
+    I/O thread sends what the socket takes and hands the rest to a worker, so another client is answered meanwhile;
+    the slow client gets the whole answer when it reads, and its connection stays open for the next request."""
+    model = BigAnswerModel(models["v1"])
+    x = sample(models)
+    latencies: list[float] = []
+    with InferenceService([model], ServiceConfig(port=0), on_answer=latencies.append) as svc:
+        for _ in range(20):  # until the last run was quick (a loaded machine may slow one)
+            assert call(svc, "POST", OIP, _oip(x, "warm"))[0] == 200
+            if latencies[-1] < QUICK_MS:
+                break
+        assert latencies[-1] < QUICK_MS, latencies
+        runs_before = len(model.threads)
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # set before connect: the window stays small
+        slow.connect(("127.0.0.1", svc.port))
+        with slow:
+            body = _oip(x, "slow-1")
+            slow.sendall(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            deadline = time.monotonic() + 10
+            while len(model.threads) == runs_before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert model.threads[runs_before] == "inference-api-io", model.threads  # the quick path answered it
+            time.sleep(0.3)  # the slow client still has not read a byte
+            status, _, answer = call(svc, "POST", OIP, _oip(x, "other"))
+            assert status == 200 and json.loads(answer)["id"] == "other", "the I/O thread never waits on a peer"
+            slow.settimeout(30)
+            reader = slow.makefile("rb")
+            status, answer = _read_answer(reader)
+            document = json.loads(answer)
+            assert status == 200 and document["id"] == "slow-1"
+            assert len(document["outputs"][0]["data"]) == 1 << 20
+            body = _oip(x, "slow-2")
+            slow.sendall(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            status, answer = _read_answer(reader)
+            assert status == 200 and json.loads(answer)["id"] == "slow-2"
