@@ -46,6 +46,39 @@ def _matches(pattern: str, topic: str) -> bool:
     return bool(paho.topic_matches_sub(pattern, topic))
 
 
+class SubackWaiters:
+    """Threads waiting for the SUBACK of a SUBSCRIBE by packet id. A SUBACK may beat the waiter (the network
+    thread reads it before `subscribe` returns the id): it is kept for a while, then forgotten."""
+
+    EARLY_KEEP_S = 30.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[int, threading.Event] = {}
+        self._early: dict[int, float] = {}  # mid -> when its SUBACK came with nobody waiting
+
+    def acknowledged(self, mid: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            event = self._waiting.get(mid)
+            if event is not None:
+                event.set()
+                return
+            self._early = {m: t for m, t in self._early.items() if now - t < self.EARLY_KEEP_S}
+            self._early[mid] = now
+
+    def wait(self, mid: int, timeout: float) -> bool:
+        with self._lock:
+            if self._early.pop(mid, None) is not None:
+                return True
+            event = self._waiting[mid] = threading.Event()
+        try:
+            return event.wait(timeout)
+        finally:
+            with self._lock:
+                self._waiting.pop(mid, None)
+
+
 class Connection:
     """A long-lived client. Call `start()`, then subscribe/publish from any thread, then `stop()`."""
 
@@ -88,6 +121,7 @@ class Connection:
         self._stopping = False
         self._refused_publishes: dict[int, str] = {}  # mid -> reason, from MQTT 5 PUBACK reason codes
         self._observer = observer
+        self._subacks = SubackWaiters()
 
     # --- lifecycle
     def start(self, wait: float | None = 10.0) -> Connection:
@@ -113,6 +147,7 @@ class Connection:
         client.on_disconnect = self._handle_disconnect
         client.on_message = self._handle_unrouted
         client.on_publish = self._handle_publish
+        client.on_subscribe = lambda _c, _u, mid, _codes, _p: self._subacks.acknowledged(mid)
         self._client = client
         try:
             if wait is None:  # a daemon: keep retrying in the background, even the first connection
@@ -182,17 +217,24 @@ class Connection:
     def unsubscribe(self, topic: str) -> None:
         self.unsubscribe_many([topic])
 
-    def subscribe_many(self, topics: list[str], handler: Handler, qos: int = 1) -> None:
-        """Several topics, one handler, one SUBSCRIBE packet (a window of block topics)."""
+    def subscribe_many(self, topics: list[str], handler: Handler, qos: int = 1, *, wait: float | None = None) -> bool:
+        """Several topics, one handler, one SUBSCRIBE packet (a window of block topics). With `wait`, block until
+        the broker acknowledged the subscription (SUBACK) and return whether it did in time: only then is what
+        this connection publishes next sure to find the subscription in place (amqtt, unlike Mosquitto, may
+        route a PUBLISH before a SUBSCRIBE that came ahead of it)."""
         if not topics:
-            return
+            return True
         with self._lock:
             for topic in topics:
                 self._subscriptions[topic] = (qos, handler, None)
                 self._note_pattern(topic)
         client = self._client
-        if client is not None and self.connected:
-            client.subscribe([(topic, qos) for topic in topics])
+        if client is None or not self.connected:
+            return wait is None
+        rc, mid = client.subscribe([(topic, qos) for topic in topics])
+        if wait is None:
+            return True
+        return rc == paho.MQTT_ERR_SUCCESS and mid is not None and self._subacks.wait(mid, wait)
 
     def unsubscribe_many(self, topics: list[str]) -> None:
         """One UNSUBSCRIBE packet for all of `topics`."""
