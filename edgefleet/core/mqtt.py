@@ -23,6 +23,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from edgefleet.core.errors import BrokerError
 from edgefleet.core.mqtt_setup import BrokerAddress, TlsFiles, Will, negotiate_protocol, new_client, no_delay
+from edgefleet.core.mqtt_suback import SubackWaiters
 
 log = logging.getLogger(__name__)
 
@@ -44,39 +45,6 @@ def _matches(pattern: str, topic: str) -> bool:
     if pattern.startswith("$share/"):  # a shared subscription delivers the topic without its share prefix
         pattern = pattern.split("/", 2)[2] if pattern.count("/") >= 2 else pattern
     return bool(paho.topic_matches_sub(pattern, topic))
-
-
-class SubackWaiters:
-    """Threads waiting for the SUBACK of a SUBSCRIBE by packet id. A SUBACK may beat the waiter (the network
-    thread reads it before `subscribe` returns the id): it is kept for a while, then forgotten."""
-
-    EARLY_KEEP_S = 30.0
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: dict[int, threading.Event] = {}
-        self._early: dict[int, float] = {}  # mid -> when its SUBACK came with nobody waiting
-
-    def acknowledged(self, mid: int) -> None:
-        now = time.monotonic()
-        with self._lock:
-            event = self._waiting.get(mid)
-            if event is not None:
-                event.set()
-                return
-            self._early = {m: t for m, t in self._early.items() if now - t < self.EARLY_KEEP_S}
-            self._early[mid] = now
-
-    def wait(self, mid: int, timeout: float) -> bool:
-        with self._lock:
-            if self._early.pop(mid, None) is not None:
-                return True
-            event = self._waiting[mid] = threading.Event()
-        try:
-            return event.wait(timeout)
-        finally:
-            with self._lock:
-                self._waiting.pop(mid, None)
 
 
 class Connection:
@@ -219,22 +187,32 @@ class Connection:
 
     def subscribe_many(self, topics: list[str], handler: Handler, qos: int = 1, *, wait: float | None = None) -> bool:
         """Several topics, one handler, one SUBSCRIBE packet (a window of block topics). With `wait`, block until
-        the broker acknowledged the subscription (SUBACK) and return whether it did in time: only then is what
-        this connection publishes next sure to find the subscription in place (amqtt, unlike Mosquitto, may
-        route a PUBLISH before a SUBSCRIBE that came ahead of it)."""
+        the broker acknowledged the subscription (SUBACK), across a reconnect, and return whether it did in time:
+        only then is what this connection publishes next sure to find the subscription in place (amqtt, unlike
+        Mosquitto, may route a PUBLISH before a SUBSCRIBE that came ahead of it). Without `wait`, a connection that
+        is down makes the subscription when it is back (as `subscribe` does)."""
         if not topics:
             return True
         with self._lock:
             for topic in topics:
                 self._subscriptions[topic] = (qos, handler, None)
                 self._note_pattern(topic)
-        client = self._client
-        if client is None or not self.connected:
-            return wait is None
-        rc, mid = client.subscribe([(topic, qos) for topic in topics])
-        if wait is None:
-            return True
-        return rc == paho.MQTT_ERR_SUCCESS and mid is not None and self._subacks.wait(mid, wait)
+        deadline = time.monotonic() + (wait or 0.0)
+        while True:
+            client = self._client
+            if client is not None and self.connected:
+                rc, mid = client.subscribe([(topic, qos) for topic in topics])
+                if wait is None:
+                    return True
+                remaining = deadline - time.monotonic()
+                if rc == paho.MQTT_ERR_SUCCESS and mid is not None and self._subacks.wait(mid, remaining):
+                    return True
+            elif wait is None:
+                return True  # made by _handle_connect when the connection is back
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.wait_connected(remaining):
+                return False
+            time.sleep(min(0.05, remaining))  # not sent or not acknowledged while connected: do not spin
 
     def unsubscribe_many(self, topics: list[str]) -> None:
         """One UNSUBSCRIBE packet for all of `topics`."""
@@ -307,6 +285,7 @@ class Connection:
         if self._connected.is_set() and not self._stopping:
             log.warning("disconnected from %s: %s; reconnecting", self.address, reason.getName())
         self._connected.clear()
+        self._subacks.abandon()  # a SUBACK for a SUBSCRIBE of the lost connection will never come
 
     def _acker(self, mid: int, qos: int) -> Ack:
         """Acknowledge `mid` on the connection it arrived on. After a reconnect the broker re-delivers what was
