@@ -106,11 +106,13 @@ def test_telemetry_counts_only_the_models_failures_as_errors() -> None:
     stats = RequestStats()
     stats.record(0.1)
     for _ in range(30):
-        stats.record_error()  # refused over MQTT: malformed, or the queue was full
+        stats.record_error("mqtt:bad-request")  # refused over MQTT: malformed, or the queue was full
+    stats.record_error("mqtt:overloaded")
     stats.record_failure()
     _, requests, errors, _ = stats.snapshot()
     assert (requests, errors) == (1, 1)
     assert stats.failure_ratio(20) == (0.5, 2)
+    assert stats.refused_by_kind() == {"mqtt:bad-request": 30, "mqtt:overloaded": 1}  # telemetry's errors_by_kind
 
 
 def test_oip_errors_are_counted_by_kind_and_the_metrics_page_negotiates_openmetrics(
