@@ -89,6 +89,17 @@ def test_the_slot_a_quick_request_reserved_is_given_back_when_its_body_is_refuse
         svc._slots.release()
 
 
+def _read_answer(reader) -> tuple[int, bytes]:  # type: ignore[no-untyped-def]
+    """One HTTP/1.1 answer off a raw socket's reader: (status, body)."""
+    line = reader.readline()
+    assert line.startswith(b"HTTP/1.1 "), line
+    length = 0
+    while (header := reader.readline()) != b"\r\n":
+        if header.lower().startswith(b"content-length:"):
+            length = int(header.split(b":")[1])
+    return int(line.split()[1]), reader.read(length)
+
+
 @pytest.mark.parametrize("extra_ms", [0.0, 2 * QUICK_MS], ids=["quick", "workers"])
 def test_pipelined_requests_are_answered_in_order_without_recursion(
     models: dict[str, LoadedModel], extra_ms: float
@@ -110,12 +121,9 @@ def test_pipelined_requests_are_answered_in_order_without_recursion(
             reader = sock.makefile("rb")
             ids = []
             for _ in range(count):
-                assert reader.readline().startswith(b"HTTP/1.1 200 ")
-                length = 0
-                while (line := reader.readline()) != b"\r\n":
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                ids.append(json.loads(reader.read(length))["id"])
+                status, body = _read_answer(reader)
+                assert status == 200
+                ids.append(json.loads(body)["id"])
             sender.join(30)
         assert ids == [f"r{index}" for index in range(count)]
 
@@ -149,15 +157,6 @@ class BigAnswerModel(RecordingModel):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         super().run(feeds)
         return {"logits": np.zeros((1, 1 << 20), dtype=np.float32)}
-
-
-def _read_answer(reader) -> tuple[int, bytes]:  # type: ignore[no-untyped-def]
-    status = int(reader.readline().split()[1])
-    length = 0
-    while (line := reader.readline()) != b"\r\n":
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return status, reader.read(length)
 
 
 def test_a_quick_answer_the_peer_cannot_take_at_once_is_finished_by_a_worker_while_others_are_served(
