@@ -10,9 +10,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from edgefleet.core.errors import EdgefleetError
-from edgefleet.core.manifest import OutputRule
 
 SCHEMA_VERSION = 1
+
+# How a golden check judges one output, by its kind (edgefleet/core/quality/output_rules.py): the manifest records it
+# per output and telemetry reports the score under it.
+OutputRule = Literal["class-agreement", "position-agreement", "continuous"]
 
 
 class MessageError(EdgefleetError):
@@ -106,7 +109,7 @@ class OutputScore(Message):
 
 
 class GoldenTask(Message):
-    """The bundle's task rule as the device's golden check applied it (edgefleet/core/golden_task.py)."""
+    """The bundle's task rule as the device's golden check applied it (edgefleet/core/quality/task_rule.py)."""
 
     metric: str = Field(description="the task metric the converter chose the recipe by, e.g. argmax-agreement")
     computable: bool = Field(description="False: the device cannot compute it; the per-output checks judged alone")
@@ -140,7 +143,7 @@ class ShadowReport(Message):
 
 
 class LinkReport(Message):
-    """The device's link as the agent counts it (agent/link_pacing.py): its cap and the bytes that crossed it."""
+    """The device's link as the agent counts it (agent/transfer/link.py): its cap and the bytes that crossed it."""
 
     cap_bytes_per_s: int | None = Field(default=None, description="the byte-rate cap in force (None: no cap)")
     bulk_bytes: int = Field(default=0, ge=0, description="bundle bytes received since the agent started")
@@ -195,6 +198,7 @@ EventKind = Literal[
     "health-failed",
     "error",
     "desired-stale",
+    "reports-dropped",
 ]
 
 
@@ -206,6 +210,38 @@ class Event(Message):
     bundle_id: str | None = None
     detail: str = ""
     progress: float | None = Field(default=None, ge=0, le=1)
+    dropped_through: int | None = Field(
+        default=None,
+        ge=1,
+        description="on a `reports-dropped` event: the device's full spool dropped reports, the newest of them "
+        "numbered this; every report with seq <= dropped_through that the control plane has not stored is lost "
+        "for good and will never be sent (again), so the host may count its contiguous run past it",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """`dropped_through` is left out unless set, so control planes that predate it still parse every other
+        event unchanged (they refuse only the `reports-dropped` events, which they could not act on)."""
+        data = handler(self)
+        if data.get("dropped_through") is None:
+            data.pop("dropped_through", None)
+        return data
+
+
+class StoredUpTo(Message):
+    """Retained on `devices/{id}/stored` by the control plane: every report (telemetry or event) of this device
+    with `seq <= up_to` is in the store. The broker's PUBACK only says the broker took a report; this says the
+    store has it, so only this lets a device drop a report from its spool.
+
+    The device's sequence (telemetry and events share it) is gap-free and survives restarts: a number is taken in
+    the same write that spools its report. The one gap a device can make is a full spool dropping its oldest
+    reports; it then sends a `reports-dropped` event whose `dropped_through` says which numbers will never come,
+    so the highest contiguous sequence can move past them. A device re-sends, in order, every report the broker
+    acknowledged that is not covered after a while, and never one that is."""
+
+    device_id: str
+    up_to: int = Field(ge=0, description="the highest sequence number up to which every report is stored")
+    ts: float = Field(default_factory=now)
 
 
 class Desired(Message):
@@ -235,7 +271,7 @@ class Desired(Message):
 
 
 class SignedPayload(Message):
-    """A document (JSON text) and an ed25519 signature over its domain-separated bytes (see core/keyset.py)."""
+    """A document (JSON text) and an ed25519 signature over its domain-separated bytes (see core/trust/keyset.py)."""
 
     kind: Literal["keyset", "desired"]
     payload: str
@@ -251,8 +287,8 @@ class SignedDesired(Message):
 
 
 class ChunkRef(BaseModel):
-    """One content-addressed chunk of a bundle file (core/chunks.py): retained on `chunks/{sha256}`, named by the
-    sha256 of its uncompressed bytes; `zstd` is the length of the zstd frame on the wire, None when sent raw."""
+    """One content-addressed chunk of a bundle file (core/transfer/chunks.py): retained on `chunks/{sha256}`, named by
+    the sha256 of its uncompressed bytes; `zstd` is the length of the zstd frame on the wire, None when sent raw."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")

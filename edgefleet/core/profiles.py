@@ -6,6 +6,7 @@ import platform
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 
 from edgefleet.core.errors import UnknownNameError, UserInputError
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
+PROFILES_DIR = Path(str(resources.files("edgefleet.device_profiles")))  # device_profiles/, mapped by setup.py
 
 Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int8-weights"]
 Runtime = Literal["onnxruntime", "openvino", "coreml", "tensorrt", "onnxruntime-web"]

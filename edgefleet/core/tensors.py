@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgefleet.core.bundle.manifest import TensorSpec
 from edgefleet.core.errors import DataError
-from edgefleet.core.manifest import TensorSpec
 
 LABELS_KEY = "labels"
 
@@ -76,7 +76,13 @@ class Dataset:
 def load_dataset(path: Path, specs: Sequence[TensorSpec], role: str = "data") -> Dataset:
     """Load an .npz dataset and check it against the model's inputs; one clear DataError if it does not fit."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array: no names to match inputs to
+            raise DataError(
+                f"{role} file {path} is one array (.npy), not an .npz with one array per model input: "
+                f"np.savez(FILE, {', '.join(f'{s.name}=...' for s in specs) or 'INPUT=...'})"
+            )
+        with loaded as archive:
             arrays = {key: archive[key] for key in archive.files}
     except FileNotFoundError as err:
         raise DataError(f"{role} file {path} not found") from err

@@ -38,6 +38,11 @@ class Topics:
     def device_desired(self, device_id: str) -> str:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/desired"
 
+    def stored(self, device_id: str) -> str:
+        """Retained, by the control plane: how far this device's reports are in the store (`StoredUpTo`); the
+        device keeps every report in its spool until this covers it."""
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/stored"
+
     def group_desired(self, group: str) -> str:
         return f"{self.prefix}/groups/{check_segment('group', group)}/desired"
 
@@ -54,7 +59,7 @@ class Topics:
         return f"{self.prefix}/bundles/{check_segment('bundle id', bundle_id)}/blocks/+"
 
     def chunk(self, sha256: str) -> str:
-        """Retained: one content-addressed chunk, shared by every bundle that holds it (core/chunks.py)."""
+        """Retained: one content-addressed chunk, shared by every bundle that holds it (core/transfer/chunks.py)."""
         if len(sha256) != 64 or sha256.strip("0123456789abcdef"):
             raise ValueError(f"invalid chunk name {sha256!r}: a chunk is named by its sha256 in hex")
         return f"{self.prefix}/chunks/{sha256}"
@@ -84,7 +89,7 @@ class Topics:
     def infer_responses(self, device_id: str) -> str:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/infer/response/+"
 
-    # --- the fleet as the benchmark farm (edgefleet/core/benchmark.py)
+    # --- the fleet as the benchmark farm (edgefleet/core/farm_messages.py)
     def benchmark_request(self, device_id: str) -> str:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/benchmark/request"
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgefleet.core.errors import SignatureError
 from edgefleet.core.messages import SignedPayload
-from edgefleet.core.signing import SigningKey, TrustedKeys, key_id
+from edgefleet.core.trust.signing import SigningKey, TrustedKeys, key_id
 
 Role = Literal["bundle", "ops"]
 ROLES: tuple[Role, ...] = ("bundle", "ops")

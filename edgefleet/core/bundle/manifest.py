@@ -8,12 +8,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
+from edgefleet.core.messages import OutputRule
+
 MANIFEST_SCHEMA_VERSION = 1
 _VERSION = re.compile(r"^\d+(\.\d+){0,3}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
-Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int8-weights"]
+Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int8-weights", "int4-weights"]
 # top1, argmax-agreement, sqnr-db by default; any task metric of edgefleet.converter.metrics or a user's file.py:fn
 Metric = str
 
@@ -33,6 +35,19 @@ class TensorSpec(Frozen):
     name: str
     dtype: str = Field(description="numpy dtype name, e.g. float32, int64")
     shape: list[int | str | None] = Field(description="dimensions; strings are symbolic, None unknown")
+    non_finite: bool = Field(
+        default=False,
+        description="an input that takes NaN or Infinity (e.g. missing values in a tree model); a device refuses "
+        "them in any other input",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_default(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """`non_finite` is left out when False, so agents that predate it still parse the manifest."""
+        data: dict[str, object] = handler(self)
+        if not data.get("non_finite"):
+            data.pop("non_finite", None)
+        return data
 
 
 class FileEntry(Frozen):
@@ -92,12 +107,9 @@ class LatencyReport(Frozen):
     machine: str = Field(description="where it was measured")
 
 
-OutputRule = Literal["class-agreement", "position-agreement", "continuous"]
-
-
 class OutputCheck(Frozen):
     """How the device judges one output on the golden set: the rule for its kind and tolerances that come from
-    the built artifact's own spread against the FP32 reference (edgefleet.core.output_rules)."""
+    the built artifact's own spread against the FP32 reference (edgefleet.core.quality.output_rules)."""
 
     output: str
     rule: OutputRule = Field(
@@ -261,7 +273,7 @@ class Manifest(Frozen):
     )
     benchmark_only: bool = Field(
         default=False,
-        description="a candidate sent to devices to be measured (edgefleet/core/benchmark.py): never served, never "
+        description="a candidate sent to devices to be measured (edgefleet/core/farm_messages.py): never served, never "
         "committed; agents that predate the field refuse it (unknown field)",
     )
     farm: FarmReport | None = Field(

@@ -22,8 +22,8 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edgefleet.core.errors import BrokerError
-from edgefleet.core.mqtt_setup import BrokerAddress, TlsFiles, Will, negotiate_protocol, new_client, no_delay
-from edgefleet.core.mqtt_suback import SubackWaiters
+from edgefleet.core.mqtt.setup import BrokerAddress, TlsFiles, Will, negotiate_protocol, new_client, no_delay
+from edgefleet.core.mqtt.suback import SubackWaiters
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class Connection:
         self._refused_publishes: dict[int, str] = {}  # mid -> reason, from MQTT 5 PUBACK reason codes
         self._observer = observer
         self._subacks = SubackWaiters()
+        self._refusal: str | None = None  # the broker's reason for refusing the last CONNECT
 
     # --- lifecycle
     def start(self, wait: float | None = 10.0) -> Connection:
@@ -127,7 +128,18 @@ class Connection:
         client.loop_start()
         if wait is not None and not self._connected.wait(wait):
             self.stop()
-            raise BrokerError(f"no connection to the MQTT broker at {self.address} within {wait:g} s")
+            if self._refusal:
+                raise BrokerError(
+                    f"the MQTT broker at {self.address} refused the connection ({self._refusal})"
+                    + (": it does not know this certificate's identity (CN), or gives it no rights; enroll it with "
+                       "`edgefleet keys enroll CN` (--host for a control-plane identity)" if self._tls else "")
+                )  # fmt: skip
+            hint = (
+                "check the certificate files (the broker logs why it closed the connection)"
+                if self.address.tls
+                else "if it is a TLS listener (8883 usually is), dial mqtts:// with a CA (--ca)"
+            )
+            raise BrokerError(f"no connection to the MQTT broker at {self.address} within {wait:g} s: {hint}")
         return self
 
     def stop(self, graceful: bool = True) -> None:
@@ -253,7 +265,8 @@ class Connection:
     # --- paho callbacks (network thread)
     def _handle_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any) -> None:
         if reason.is_failure:
-            log.warning("broker %s refused the connection: %s", self.address, reason.getName())
+            self._refusal = reason.getName()
+            log.warning("broker %s refused the connection: %s", self.address, self._refusal)
             return
         self.connects += 1
         no_delay(client)

@@ -36,7 +36,10 @@ class SigningKey:
         try:
             key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         except FileNotFoundError as err:
-            raise UserInputError(f"signing key {path} not found; create one with `edgefleet keys generate`") from err
+            raise UserInputError(
+                f"signing key {path} not found: create the keys with `edgefleet keys init` (or a whole deployment "
+                "with `edgefleet init DIR`), or name the key file with --key"
+            ) from err
         except ValueError as err:
             raise UserInputError(f"{path} is not a PEM private key: {err}") from err
         if not isinstance(key, Ed25519PrivateKey):
@@ -78,6 +81,11 @@ class TrustedKeys:
             for file in files:
                 try:
                     public = serialization.load_pem_public_key(file.read_bytes())
+                except FileNotFoundError as err:
+                    raise UserInputError(
+                        f"no trusted key at {file}: create the keys with `edgefleet keys init`, or name a public key "
+                        "(root.pub) or a folder of them with --trust"
+                    ) from err
                 except (OSError, ValueError) as err:
                     raise UserInputError(f"cannot read trusted key {file}: {err}") from err
                 if not isinstance(public, Ed25519PublicKey):

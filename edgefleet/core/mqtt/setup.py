@@ -1,5 +1,5 @@
 """Reaching an MQTT broker: its address, TLS files, the last will, the paho client as edgefleet configures it, and
-the MQTT 5 / 3.1.1 negotiation (used by core/mqtt.py's `Connection`)."""
+the MQTT 5 / 3.1.1 negotiation (used by core/mqtt/connection.py's `Connection`)."""
 
 from __future__ import annotations
 
@@ -72,12 +72,17 @@ def new_client(
     clean = None if protocol == paho.MQTTv5 else not persistent
     client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=clean)
     if address.tls:
-        client.tls_set(
-            ca_certs=tls.ca if tls else None,
-            certfile=tls.cert if tls else None,
-            keyfile=tls.key if tls else None,
-            tls_version=ssl.PROTOCOL_TLS_CLIENT,
-        )
+        try:
+            client.tls_set(
+                ca_certs=tls.ca if tls else None,
+                certfile=tls.cert if tls else None,
+                keyfile=tls.key if tls else None,
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
+        except (ssl.SSLError, OSError) as err:  # unreadable files, a key that is not the certificate's
+            files = ", ".join(f"{k} {v}" for k, v in (("CA", tls and tls.ca), ("certificate", tls and tls.cert),
+                                                       ("key", tls and tls.key)) if v)  # fmt: skip
+            raise UserInputError(f"cannot use the TLS files ({files or 'none'}): {err}") from err
     client.reconnect_delay_set(min_delay=1, max_delay=30)
     client.max_inflight_messages_set(64)
     return client

@@ -6,7 +6,7 @@ An SQNR over a whole tensor only sees its largest values: a detection head conca
 whose per-index RMS spreads the most (when it spreads by 10× or more), the indices are grouped by decade of
 RMS, and every group is scored on its own. The worst slice decides; `slice_report` names it.
 
-Shared by the converter's `sqnr-db` metric and the device's golden check (edgefleet/core/golden_task.py).
+Shared by the converter's `sqnr-db` metric and the device's golden check (edgefleet/core/quality/task_rule.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgefleet.core.output_rules import SQNR_CAP_DB, sqnr_db  # one SQNR, the converter's and the device's
+from edgefleet.core.quality.output_rules import SQNR_CAP_DB, sqnr_db  # one SQNR, the converter's and the device's
 
 SPREAD = 10.0  # RMS ratio between an axis' loudest and quietest index that makes it worth slicing
 MAX_AXIS = 4096

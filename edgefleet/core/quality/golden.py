@@ -6,51 +6,16 @@ Stored as an .npz (no pickles): one key per model input, `labels` when known, `r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from edgefleet.core.errors import BundleError
-from edgefleet.core.golden_task import judge_task
-from edgefleet.core.manifest import GoldenSpec, OutputCheck, SearchReport, TensorSpec
+from edgefleet.core.bundle.manifest import GoldenSpec, OutputCheck, SearchReport
 from edgefleet.core.messages import GoldenTask, OutputScore
-from edgefleet.core.output_rules import agreement_of, derive_check, explain, is_label, score
-from edgefleet.core.tensors import LABELS_KEY, Dataset
-
-_REFERENCE, _EXPECTED = "reference/", "expected/"
-
-
-@dataclass(frozen=True)
-class GoldenSet:
-    inputs: Dataset
-    reference: dict[str, np.ndarray]
-    expected: dict[str, np.ndarray]
-
-    def save(self, path: Path) -> None:
-        arrays: dict[str, np.ndarray] = dict(self.inputs.inputs)
-        if self.inputs.labels is not None:
-            arrays[LABELS_KEY] = self.inputs.labels
-        arrays.update({_REFERENCE + k: v for k, v in self.reference.items()})
-        arrays.update({_EXPECTED + k: v for k, v in self.expected.items()})
-        with path.open("wb") as handle:
-            np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]
-
-    @classmethod
-    def load(cls, path: Path, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> GoldenSet:
-        try:
-            with np.load(path, allow_pickle=False) as archive:
-                arrays = {key: archive[key] for key in archive.files}
-        except (OSError, ValueError) as err:
-            raise BundleError(f"golden set {path.name} is unreadable: {err}") from err
-        try:
-            feeds = {spec.name: arrays[spec.name] for spec in inputs}
-            reference = {spec.name: arrays[_REFERENCE + spec.name] for spec in outputs}
-            expected = {spec.name: arrays[_EXPECTED + spec.name] for spec in outputs}
-        except KeyError as err:
-            raise BundleError(f"golden set lacks {err.args[0]!r}") from err
-        return cls(Dataset(feeds, arrays.get(LABELS_KEY)), reference, expected)
+from edgefleet.core.quality.golden_set import GoldenSet
+from edgefleet.core.quality.output_rules import agreement_of, derive_check, explain, is_label, score
+from edgefleet.core.quality.task_rule import judge_task
 
 
 @dataclass(frozen=True)
@@ -98,7 +63,7 @@ def compare(
     outputs: Mapping[str, np.ndarray], golden: GoldenSet, spec: GoldenSpec, task: SearchReport | None = None
 ) -> GoldenResult:
     """Judge a device's outputs on the golden inputs: the bundle's task rule where the manifest records one the
-    device can compute (edgefleet/core/golden_task.py), each output by its kind's rule against the FP32
+    device can compute (edgefleet/core/quality/task_rule.py), each output by its kind's rule against the FP32
     reference, and every output within `spec.max_abs_error` of the build's own outputs. All must hold; `rule`
     and the reason say which rule judged. A manifest without a task metric gets the per-output checks alone."""
     checks = checks_for(golden, spec)

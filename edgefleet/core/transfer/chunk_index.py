@@ -8,11 +8,11 @@ big-endian), cuts it into pages of at most `block_size` bytes (whole entries), a
 raw chunk on `chunks/{sha256}` (broker rights, dedupe and retention treat it like any chunk). The signed offer lists
 only the pages (`Transfer.index`) and the chunk count: about 110 bytes per 3,276 chunks at 128 KiB.
 
-A device checks the counts before it fetches anything (`index_problem`: the pages add up to `chunk_count` entries,
-none is bigger than a chunk may be, and `chunk_count` is possible for the file's size), fetches the pages, checks
-each against its signed sha256 (core/chunks.py `decode_chunk`) before it reads a byte of it, and only then decodes the
-entries (`expand`). The expanded transfer carries both the pages and the chunks; `offer_signing_bytes` signs the
-pages, never the inline list, so `pages_match` is what ties such a list to the signature (core/transfer.py
+A device checks the counts before it fetches anything (`index_problem`: the pages add up to `chunk_count` entries, none
+is bigger than a chunk may be, and `chunk_count` is possible for the file's size), fetches the pages, checks each
+against its signed sha256 (core/transfer/chunks.py `decode_chunk`) before it reads a byte of it, and only then decodes
+the entries (`expand`). The expanded transfer carries both the pages and the chunks; `offer_signing_bytes` signs the
+pages, never the inline list, so `pages_match` is what ties such a list to the signature (core/transfer/blocks.py
 `verify_offer` checks it).
 """
 

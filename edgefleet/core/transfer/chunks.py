@@ -2,7 +2,7 @@
 
 A chunked offer lists the bundle file as chunks in file order, each named by the sha256 of its uncompressed bytes
 and retained on `{prefix}/chunks/{sha256}`. A chunk travels raw, or as one zstd frame when that saved enough on
-the host (control/chunker.py); the signed offer says which, and how many bytes each takes on the wire. A device
+the host (control/publish/chunker.py); the signed offer says which, and how many bytes each takes on the wire. A device
 decodes a payload only within the signed sizes: a frame that would inflate past the chunk's signed size is refused
 after reading at most one byte beyond it (a decompression bomb never reaches memory or disk), and the decoded bytes
 must hash to the chunk's name. Since every chunk is checked on its own and the whole file once more against the
@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import zstandard
 
-from edgefleet.core.chunk_index import expand
 from edgefleet.core.errors import BundleError
 from edgefleet.core.messages import BundleOffer, ChunkRef, Transfer
 from edgefleet.core.topics import Topics
+from edgefleet.core.transfer.chunk_index import expand
 
 _MAX_DECODE_STEP = 1 << 16
 
@@ -96,7 +96,8 @@ def unique_chunks(transfer: Transfer) -> Iterator[tuple[ChunkRef, list[int]]]:
 
 def piece_topics(topics: Topics, offer: BundleOffer) -> list[str]:
     """The topic of each piece a device fetches: every block, each distinct chunk once (in file order), or for an
-    offer whose chunk list is on index pages (core/chunk_index.py), each distinct page (`with_pages_read` next)."""
+    offer whose chunk list is on index pages (core/transfer/chunk_index.py), each distinct page (`with_pages_read`
+    next)."""
     if offer.transfer.chunks:
         return [topics.chunk(ref.sha256) for ref, _ in unique_chunks(offer.transfer)]
     if offer.transfer.index:

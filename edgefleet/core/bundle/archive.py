@@ -20,9 +20,9 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import ValidationError
 
+from edgefleet.core.bundle.manifest import FileEntry, Manifest
 from edgefleet.core.errors import BundleError, DiskFullError
-from edgefleet.core.manifest import FileEntry, Manifest
-from edgefleet.core.signing import SigningKey, TrustedKeys
+from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "signature.json"

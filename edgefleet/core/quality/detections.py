@@ -8,7 +8,7 @@ Detections are the boxes whose best score reaches CONFIDENCE, after per-class no
 candidate's detection matches an FP32 one with the same class, IoU >= MATCH_IOU and a score within
 SCORE_DELTA; the score is the F1 of matched detections over the evaluation set (1.0 = the same detections).
 
-Shared by the converter's `detection-f1` metric and the device's golden check (edgefleet/core/golden_task.py).
+Shared by the converter's `detection-f1` metric and the device's golden check (edgefleet/core/quality/task_rule.py).
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from edgefleet.core.chunk_index import index_problem, pages_match
-from edgefleet.core.chunks import layout_problem
 from edgefleet.core.errors import BundleError, SignatureError
-from edgefleet.core.keyset import signing_bytes
 from edgefleet.core.messages import BundleOffer, SignedPayload, Transfer
-from edgefleet.core.signing import SigningKey, TrustedKeys
+from edgefleet.core.transfer.chunk_index import index_problem, pages_match
+from edgefleet.core.transfer.chunks import layout_problem
+from edgefleet.core.trust.keyset import signing_bytes
+from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 DEFAULT_BLOCK_SIZE = 128 * 1024  # AWS IoT Core caps payloads at 128 KB; EMQX defaults to 1 MB
 MAX_BLOCK_SIZE = 16 * 2**20  # one block is held in memory: a device never accepts bigger
@@ -45,12 +45,12 @@ def iter_blocks(path: Path, block_size: int) -> Iterator[bytes]:
 
 def check_layout(transfer: Transfer, size_limit: int) -> None:
     """Size within the profile's limit; blocks: count equals ceil(size / block_size), hashes well-formed;
-    chunks: sizes add up to the file, none above block_size (core/chunks.py)."""
+    chunks: sizes add up to the file, none above block_size (core/transfer/chunks.py)."""
     if transfer.size > size_limit:
         raise LayoutError(f"offer declares {transfer.size} bytes; this device's profile allows {size_limit}")
     if transfer.block_size > MAX_BLOCK_SIZE:
         raise LayoutError(f"block size {transfer.block_size} exceeds the {MAX_BLOCK_SIZE} bytes a device accepts")
-    if transfer.index or transfer.chunk_count:  # index pages (core/chunk_index.py): counts before any page
+    if transfer.index or transfer.chunk_count:  # index pages (core/transfer/chunk_index.py): counts before any page
         problem = index_problem(transfer)
         if problem:
             raise LayoutError(f"impossible chunk index: {problem}")

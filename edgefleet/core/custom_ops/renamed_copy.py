@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from edgefleet.core.custom_op_packages import CustomOpPackageError, contrib_name, graphs, rename_to_contrib
+from edgefleet.core.custom_ops.packages import CustomOpPackageError, contrib_name, graphs, rename_to_contrib
 
 _EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
 

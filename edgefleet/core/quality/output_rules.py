@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from edgefleet.core.manifest import OutputCheck, OutputRule
-from edgefleet.core.messages import OutputScore
+from edgefleet.core.bundle.manifest import OutputCheck
+from edgefleet.core.messages import OutputRule, OutputScore
 
 SQNR_CAP_DB = 120.0
 MAX_CLASSES = 100_000

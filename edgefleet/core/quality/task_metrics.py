@@ -1,7 +1,7 @@
 """Task metrics as pure functions of (reference outputs, candidate outputs, labels) → score, higher is better.
 
 One implementation for both sides: the converter's registry (edgefleet.converter.metrics) names them and the
-device's golden check (edgefleet/core/golden_task.py) re-computes the bundle's recorded metric with them.
+device's golden check (edgefleet/core/quality/task_rule.py) re-computes the bundle's recorded metric with them.
 Outputs are dicts of output name → values stacked over samples; the first output is the one judged.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from edgefleet.core import detections
-from edgefleet.core.sqnr_slices import worst_sqnr
+from edgefleet.core.quality import detections
+from edgefleet.core.quality.sqnr_slices import worst_sqnr
 
 Outputs = Mapping[str, np.ndarray]
 ScoreFn = Callable[[Outputs, Outputs, "np.ndarray | None"], float]
@@ -95,6 +95,29 @@ def mask_iou(threshold: float) -> ScoreFn:
     return fn
 
 
+def mask_iou_mae(threshold: float) -> ScoreFn:
+    """A probability map (or one probability per sample) judged on both what its post-processing keeps and its
+    values: the lower of the IoU of the positives at `threshold` and 1 − the mean absolute error."""
+    iou = mask_iou(threshold)
+
+    def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+        return min(iou(reference, candidate, labels), prob_closeness(reference, candidate, labels))
+
+    return fn
+
+
+def relative_error(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+    """1 − Σ|candidate − reference| / Σ|reference| of the first output (a regression), floored at 0."""
+    want, got = first(reference).astype(np.float64), first(candidate).astype(np.float64)
+    if want.shape != got.shape or not np.all(np.isfinite(got)):
+        return 0.0
+    scale = float(np.sum(np.abs(want)))
+    error = float(np.sum(np.abs(got - want)))
+    if scale == 0.0:
+        return 1.0 if error == 0.0 else 0.0
+    return max(0.0, 1.0 - error / scale)
+
+
 def sqnr(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
     return worst_sqnr(candidate, reference)
 
@@ -103,7 +126,7 @@ def device_metric(name: str, reference: Outputs) -> ScoreFn | str:
     """The score function of a recorded metric name, or why a device cannot compute it (a user's file)."""
     fixed: dict[str, ScoreFn] = {
         "top1": top1, "argmax-agreement": top1, "per-position-agreement": per_position, "cosine": cosine,
-        "sqnr-db": sqnr, "prob-mae": prob_closeness,
+        "sqnr-db": sqnr, "prob-mae": prob_closeness, "relative-error": relative_error,
     }  # fmt: skip
     if name in fixed:
         return fixed[name]
@@ -117,6 +140,8 @@ def device_metric(name: str, reference: Outputs) -> ScoreFn | str:
             return top_k(int(name[3:]))
         if name.startswith("mask-iou@"):
             return mask_iou(float(name[len("mask-iou@") :]))
+        if name.startswith("mask-iou-mae@"):
+            return mask_iou_mae(float(name[len("mask-iou-mae@") :]))
     except ValueError as err:
         return f"the metric {name!r} is malformed: {err}"
     if ".py:" in name:

@@ -2,7 +2,7 @@
 `search`), re-computed on the golden set without anything the device lacks.
 
 The device scores its own outputs on the golden inputs against the FP32 reference outputs with the same metric
-(edgefleet/core/task_metrics.py), and labels where the golden set holds them (top-1 and top-k). The bar follows
+(edgefleet/core/quality/task_metrics.py), and labels where the golden set holds them (top-1 and top-k). The bar follows
 the manifest: an absolute `min_score`, the SQNR floor, or a largest drop below the FP32 model's own score on the
 same golden samples. The golden set is a subset of the evaluation data, so when the build's own outputs already
 score below the bar there (a few unlucky samples), the floor is what the build scored there, one sample's worth
@@ -16,16 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgefleet.core.manifest import SearchReport
+from edgefleet.core.bundle.manifest import SearchReport
 from edgefleet.core.messages import GoldenTask
-from edgefleet.core.task_metrics import device_metric
-
-if TYPE_CHECKING:
-    from edgefleet.core.golden import GoldenSet
+from edgefleet.core.quality.golden_set import GoldenSet
+from edgefleet.core.quality.task_metrics import device_metric
 
 _SQNR_SLACK_DB = 1.0
 

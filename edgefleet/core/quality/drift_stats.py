@@ -23,8 +23,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgefleet.core.manifest import OutputRule
-from edgefleet.core.messages import DriftBand
+from edgefleet.core.messages import DriftBand, OutputRule
 
 DRIFT_SCHEMA_VERSION = 1
 BINS = 10

@@ -1,0 +1,171 @@
+"""The task rule a model is judged by when its user names none, inferred from the judged output's shape, values and
+name: one table, read by the converter (which chooses the recipe by it and records it, with why, in the manifest)
+and by the device (whose golden check re-computes the recorded metric with edgefleet.core.quality.task_metrics).
+
+By output kind (the first output that is not an input passed through):
+- a recognized detection head with detections → `detection-f1`;
+- labels or ids (integers, strings) → `top1` / `argmax-agreement` for one per sample, `per-position-agreement`
+  for a sequence;
+- a sequence of distributions (CTC, token heads: rows that sum to 1 or log-sum-exp to 0), or token logits named
+  so → `per-position-agreement`;
+- a vector per sample: class scores (labels given, a distribution, a class-like name, or confident: most of its
+  entry clearly above the rest in most samples) → `top1` / `argmax-agreement`; per-entry probabilities (sigmoid
+  outputs, masks) → `mask-iou-mae@0.5`; an embedding (an embedding-like name, unit-norm rows, or any other
+  feature vector) → `cosine`;
+- a probability map or heatmap (values in [0, 1]) and one probability per sample → `mask-iou-mae@0.5`: the
+  positives at the 0.5 threshold (IoU) and the probabilities themselves (1 − mean absolute error), the lower
+  of the two;
+- anything else (a regression, a map of other values, hidden states) → `relative-error` (1 − Σ|Δ| / Σ|FP32|).
+
+Each rule carries the drop below FP32 it allows by default (a mask is judged by 0.05 of IoU, a class by 0.01 of
+accuracy): the converter uses the larger of it and the profile's budget unless the user gave a budget or a bar.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgefleet.core.quality import detections
+
+MAX_CLASSES = 100_000
+WINNER_GAP = 2.0  # class logits: the top entry above the second by this many spreads of the others ...
+CONFIDENT_SHARE = 0.6  # ... in at least this share of the samples
+MIN_WINNER_WIDTH = 5  # fewer unnamed scores than this cannot show a winner: read as a regression
+MASK_THRESHOLD = 0.5
+EMBEDDING_NAME = re.compile(
+    r"embed|emb\b|emb_|feature|feat\b|vector|pool|sentence|encod|hidden|latent|descriptor", re.I
+)
+CLASS_NAME = re.compile(r"logit|prob|score|class|cls|label|softmax|pred", re.I)
+SEQUENCE_NAME = re.compile(r"ctc|logit|log_prob|token", re.I)
+DEFAULT_DROP = {
+    "top1": 0.01, "argmax-agreement": 0.01, "per-position-agreement": 0.01, "cosine": 0.01,
+    "mask-iou-mae": 0.05, "detection-f1": 0.05, "relative-error": 0.02,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskRule:
+    metric: str  # a metric name edgefleet.core.quality.task_metrics.device_metric computes
+    output: str  # the output it judges
+    kind: str  # detection, label, sequence, class-scores, probabilities, embedding, probability-map, regression
+    why: str  # one sentence: what in the output chose it
+    default_drop: float  # the drop below FP32 the rule allows when the user gives no budget
+
+    def describe(self) -> str:
+        return f"{self.metric} on {self.output!r} ({self.kind}): {self.why}"
+
+
+def _rule(metric: str, output: str, kind: str, why: str) -> TaskRule:
+    return TaskRule(metric, output, kind, why, DEFAULT_DROP[metric.split("@")[0]])
+
+
+def _core(array: np.ndarray) -> list[int]:
+    return [d for d in array.shape[1:] if d != 1]
+
+
+def _distributions(rows: np.ndarray) -> bool:
+    rows = rows.astype(np.float64)
+    if rows.size == 0 or not np.all(np.isfinite(rows)):
+        return False
+    if rows.min() >= -1e-6 and np.allclose(rows.sum(axis=1), 1.0, atol=1e-3):
+        return True
+    if rows.max() <= 1e-6:  # log-probabilities
+        peak = rows.max(axis=1, keepdims=True)
+        return bool(np.allclose(peak[:, 0] + np.log(np.exp(rows - peak).sum(axis=1)), 0.0, atol=1e-3))
+    return False
+
+
+def _in_unit_range(values: np.ndarray) -> bool:
+    finite = values[np.isfinite(values)] if values.size else values
+    return bool(finite.size) and float(finite.min()) >= -1e-6 and float(finite.max()) <= 1 + 1e-6
+
+
+def _confident(rows: np.ndarray) -> bool:
+    """A clear winner in most rows: the top entry above the second by WINNER_GAP spreads of the others (a scale-free
+    test: a regression's large values make any softmax peaky, its entries are not one above the rest)."""
+    rows = np.sort(rows.astype(np.float64), axis=1)
+    rest = rows[:, :-1]
+    spread = rest.std(axis=1)
+    gap = rows[:, -1] - rows[:, -2]
+    clear = gap > WINNER_GAP * np.where(spread > 0, spread, np.inf)
+    return bool(np.mean(clear) >= CONFIDENT_SHARE)
+
+
+def _unit_norm(rows: np.ndarray) -> bool:
+    norms = np.linalg.norm(rows.astype(np.float64), axis=1)
+    return bool(norms.size) and bool(np.allclose(norms, 1.0, atol=1e-3))
+
+
+def infer(
+    reference: Mapping[str, np.ndarray],
+    labels: np.ndarray | None = None,
+    skip: Iterable[str] = (),
+    class_labels: Iterable[str] = (),
+) -> TaskRule:
+    """The rule for a model whose FP32 outputs (stacked per sample) are `reference`; `skip`: outputs never judged
+    (inputs passed through); `class_labels`: outputs whose columns are named classes (a ZipMap's)."""
+    skipped = set(skip)
+    names = [n for n in reference if n not in skipped] or list(reference)
+    layout = detections.recognize({n: reference[n] for n in names})
+    if layout is not None and any(len(d.scores) for d in detections.all_detections(layout, reference)):
+        return _rule("detection-f1", layout.output, "detection", f"a {layout.describe()}")
+    rule = _by_shape(names[0], reference[names[0]], labels, set(class_labels))
+    if layout is not None:  # a head that detects nothing here cannot be judged by its detections
+        why = f"a {layout.kind} detection head with no detection on the evaluation set, so {rule.why}"
+        return TaskRule(rule.metric, rule.output, rule.kind, why, rule.default_drop)
+    return rule
+
+
+def _by_shape(name: str, ref: np.ndarray, labels: np.ndarray | None, class_labels: set[str]) -> TaskRule:
+    dims = _core(ref)
+    per_sample = int(np.prod(dims)) if dims else 1
+    classes = "top1" if labels is not None else "argmax-agreement"
+    mask = f"mask-iou-mae@{MASK_THRESHOLD:g}"
+    if ref.dtype.kind in "biuOUS":
+        if per_sample <= 1:
+            return _rule(classes, name, "label", "one label or id per sample")
+        return _rule("per-position-agreement", name, "sequence", "a label or id per position")
+    if not np.issubdtype(ref.dtype, np.floating):
+        return _rule("relative-error", name, "regression", f"{ref.dtype} values")
+    flat = ref.reshape(len(ref), -1)
+    if len(dims) == 2 and 2 <= dims[-1] <= MAX_CLASSES and ref.shape[-1] == dims[-1]:
+        if _distributions(ref.reshape(-1, ref.shape[-1])):
+            why = f"{dims[0]} positions x {dims[1]} classes whose rows are distributions (CTC / token head)"
+            return _rule("per-position-agreement", name, "sequence", why)
+        if SEQUENCE_NAME.search(name) and not EMBEDDING_NAME.search(name):
+            why = f"{dims[0]} positions x {dims[1]} scores, named {name!r}"
+            return _rule("per-position-agreement", name, "sequence", why)
+    if len(dims) == 1 and 2 <= dims[0] <= MAX_CLASSES:
+        width = dims[0]
+        if labels is not None:
+            return _rule(classes, name, "class-scores", f"{width} scores per sample, with labels")
+        if EMBEDDING_NAME.search(name):
+            return _rule("cosine", name, "embedding", f"a {width}-d vector named {name!r}")
+        if _distributions(flat):
+            return _rule(classes, name, "class-scores", f"{width} class probabilities per sample (rows sum to 1)")
+        if name in class_labels or CLASS_NAME.search(name):
+            return _rule(classes, name, "class-scores", f"{width} scores per sample, named {name!r}")
+        if _unit_norm(flat):
+            return _rule("cosine", name, "embedding", f"a {width}-d vector of unit norm per sample")
+        if _in_unit_range(flat):
+            why = f"{width} values in [0, 1] per sample that are not one distribution (per-entry probabilities)"
+            return _rule(mask, name, "probabilities", why)
+        if width == 2:
+            return _rule(classes, name, "class-scores", "two scores per sample (a binary classifier)")
+        if width < MIN_WINNER_WIDTH:  # too few entries to tell a winner from chance: a small regression (box, pose)
+            return _rule("relative-error", name, "regression", f"{width} values per sample (a regression)")
+        if _confident(flat):
+            why = f"{width} scores per sample with one clear winner in most samples (class logits)"
+            return _rule(classes, name, "class-scores", why)
+        return _rule("cosine", name, "embedding", f"a {width}-d feature vector per sample (no clear winning class)")
+    if _in_unit_range(flat):
+        what = "one probability per sample" if per_sample <= 1 else f"a map of {per_sample} values in [0, 1]"
+        return _rule(mask, name, "probability-map", what)
+    if len(dims) == 2 and EMBEDDING_NAME.search(name):
+        return _rule("cosine", name, "embedding", f"{dims[0]} x {dims[1]} hidden states named {name!r}")
+    what = "one value per sample" if per_sample <= 1 else f"{per_sample} values per sample of shape {ref.shape[1:]}"
+    return _rule("relative-error", name, "regression", f"{what} (a regression)")

@@ -1,0 +1,1 @@
+"""Signing keys and the root-signed key set that delegates the bundle and ops roles."""
