@@ -1,0 +1,12 @@
+"""The local inference API: HTTP/1.1 (edgefleet's /v1 and the Open Inference Protocol), request bodies checked before
+they are parsed, /metrics, and inference over MQTT.
+
+Other rooms use `InferenceService` (the HTTP server and the models it serves), its `ServiceConfig`, and
+`MqttInference` (requests over MQTT, answered on their own thread).
+"""
+
+from edgefleet.agent.api.config import ServiceConfig
+from edgefleet.agent.api.mqtt import MqttInference
+from edgefleet.agent.api.service import InferenceService
+
+__all__ = ["InferenceService", "MqttInference", "ServiceConfig"]

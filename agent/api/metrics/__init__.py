@@ -1,0 +1,3 @@
+"""The agent's /metrics page: latency histograms and counters, written in the Prometheus and OpenMetrics text
+formats.
+"""

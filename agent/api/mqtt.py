@@ -1,0 +1,136 @@
+"""Inference over MQTT: requests queued by the network thread, answered one by one on the inference thread.
+
+A part the supervisor holds (agent/daemon/supervisor.py). A bad request or a runtime failure answers the caller;
+it never stops the worker. String inputs (ONNX `tensor(string)`) travel as fixed-width unicode or UTF-8 bytes
+arrays and are checked like the local API's BYTES tensors before the model sees them.
+The local HTTP API is agent/api/service.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from edgefleet.agent.api.errors import RequestError
+from edgefleet.agent.api.string_inputs import takes_text, text_from_array
+from edgefleet.agent.quality import FeedbackError, Quality
+from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.telemetry import RequestStats
+from edgefleet.core.bundle.manifest import TensorSpec
+from edgefleet.core.errors import BrokerError, DataError
+from edgefleet.core.messages import InferRequest, InferResponse, MessageError, WireTensor, decode
+from edgefleet.core.mqtt.connection import Connection
+from edgefleet.core.topics import Topics
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_BYTES = 64 * 2**20  # the UTF-8 of one string input, at most (as the local API's default body limit)
+
+
+def _feed(name: str, tensor: WireTensor, spec: TensorSpec | None) -> np.ndarray:
+    """One input off the wire; a string input becomes the object array of checked text the runtimes take
+    (agent/api/string_inputs.py: valid code points, UTF-8, per-element and total limits), else RequestError."""
+    array = tensor.to_array()
+    return text_from_array(name, array, MAX_TEXT_BYTES) if takes_text(spec) else array
+
+
+class MqttInference:
+    """Answers `infer/request` messages one at a time on its own thread (`run`), with the model `model()` serves
+    now; feedback messages go to the field-accuracy record. `beat` is when its loop last turned (the supervisor's
+    liveness check)."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        topics: Topics,
+        device_id: str,
+        model: Callable[[], LoadedModel | None],
+        stats: RequestStats,
+        quality: Quality,
+        queue_size: int = 256,
+    ) -> None:
+        self.conn, self.topics, self.device_id = conn, topics, device_id
+        self.model, self.stats, self.quality = model, stats, quality
+        self._requests: queue.Queue[bytes] = queue.Queue(maxsize=queue_size)
+        self.beat = time.monotonic()
+
+    def queue_depth(self) -> int:
+        return self._requests.qsize()
+
+    # --- the network thread: decode and enqueue only
+    def on_request(self, topic: str, payload: bytes, retained: bool) -> None:
+        try:
+            self._requests.put_nowait(payload)
+        except queue.Full:
+            self.stats.record_error("mqtt:overloaded")
+            log.warning("inference queue full; request dropped")
+
+    def on_feedback(self, topic: str, payload: bytes, retained: bool) -> None:
+        try:
+            self.quality.feedback(payload)
+        except (MessageError, FeedbackError) as err:
+            log.warning("refused feedback on %s: %s", topic, err)
+
+    # --- the inference thread
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.beat = time.monotonic()
+            try:
+                payload = self._requests.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                self._answer(payload)
+            except Exception:  # the worker must outlive any bug in one request
+                log.exception("inference request failed unanswered")
+
+    def _answer(self, payload: bytes) -> None:
+        try:
+            request = decode(InferRequest, payload)
+        except MessageError as err:
+            self.stats.record_error("mqtt:bad-request")
+            log.warning("refused inference request: %s", err)
+            return
+        response = self._infer(request)
+        try:
+            self.conn.publish(self.topics.infer_response(self.device_id, request.client_id), response.encode(), qos=0)
+        except (BrokerError, ValueError) as err:
+            log.warning("cannot answer request %s: %s", request.request_id, err)
+
+    def _infer(self, request: InferRequest) -> InferResponse:
+        model = self.model()
+        if model is None:
+            self.stats.record_error("mqtt:no-model")
+            return InferResponse(request_id=request.request_id, ok=False, error="no model installed")
+        try:
+            specs = {spec.name: spec for spec in model.manifest.inputs}
+            feeds = {name: _feed(name, tensor, specs.get(name)) for name, tensor in request.inputs.items()}
+            start = time.perf_counter()
+            outputs = model.run(feeds)
+            latency = (time.perf_counter() - start) * 1000
+        except (MessageError, DataError, RequestError) as err:  # the caller's input: never the model's failure
+            self.stats.record_error("mqtt:bad-input")
+            return InferResponse(request_id=request.request_id, ok=False, error=str(err), bundle_id=model.bundle_id)
+        except Exception as err:  # a runtime failure answers the caller instead of killing the worker
+            self.stats.record_failure()
+            return InferResponse(
+                request_id=request.request_id, ok=False, error=f"inference failed: {err}", bundle_id=model.bundle_id
+            )
+        self.stats.record(latency)
+        self.quality.served_mqtt(model, request, feeds, outputs)
+        return InferResponse(
+            request_id=request.request_id,
+            ok=True,
+            latency_ms=round(latency, 4),
+            provider=model.provider,
+            bundle_id=model.bundle_id,
+            outputs={k: WireTensor.of(v) for k, v in outputs.items()},
+        )
+
+
+__all__ = ["MqttInference"]

@@ -1,0 +1,238 @@
+"""The install worker: start-up restore, signed desired state in, reconcile, refuse, retry, roll back.
+
+One thread (`run`) handles typed commands (agent/install/commands.py) one at a time, and it alone changes what the
+device serves (agent/install/serving.py): installs, commits, local rollbacks. Every change on disk goes through
+`Store` (one lock). The supervisor (agent/daemon/supervisor.py) owns the thread and the MQTT wiring.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+from edgefleet.agent.install.commands import Command, Reconcile, Stop, Unhealthy
+from edgefleet.agent.install.commit_notice import announce_commits
+from edgefleet.agent.install.desired import DesiredRefused, DesiredState
+from edgefleet.agent.install.installer import InstallContext, Refused, fetch_candidate, install, load_installed
+from edgefleet.agent.install.serving import ServingState
+from edgefleet.agent.install.store import CommitNotice, Store
+from edgefleet.agent.install.trust import DeviceTrust
+from edgefleet.agent.quality import Quality
+from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.telemetry import Reporter
+from edgefleet.agent.transfer import LinkPacer, TransferError
+from edgefleet.core.bundle.manifest import Manifest
+from edgefleet.core.errors import BrokerError, BundleError, EdgefleetError
+from edgefleet.core.messages import EventKind
+
+log = logging.getLogger(__name__)
+
+
+class Installer:
+    def __init__(
+        self,
+        *,
+        context: InstallContext,
+        desired: DesiredState,
+        serving: ServingState,
+        reporter: Reporter,
+        quality: Quality,
+        link: LinkPacer,
+        retry_delay_s: float,
+        rollback_on_failure: bool,
+    ) -> None:
+        self.context, self.desired, self.serving = context, desired, serving
+        self.reporter, self.quality, self.link = reporter, quality, link
+        self.retry_delay_s, self.rollback_on_failure = retry_delay_s, rollback_on_failure
+        self._commands: queue.Queue[Command] = queue.Queue()
+
+    @property
+    def store(self) -> Store:
+        return self.context.store
+
+    @property
+    def trust(self) -> DeviceTrust:
+        return self.context.trust
+
+    def put(self, command: Command) -> None:
+        """Any thread: ask the worker to do something; it is done in order, on the worker's thread."""
+        self._commands.put(command)
+
+    # --- start-up (before the worker threads run)
+    def restore(self) -> None:
+        """Start on the last committed bundle, falling back to older ones if it no longer checks out."""
+        state = self.store.load_state()
+        failed: list[str] = []
+        for bundle_id in [b for b in [state.committed, *state.history] if b]:
+            try:
+                model = load_installed(self.store, bundle_id, self.trust, self.context.runtime)
+            except EdgefleetError as err:
+                log.error("installed bundle %s does not check out: %s", bundle_id, err)
+                self.serving.set_error(f"{bundle_id}: {err}", publish=False)
+                failed.append(f"{bundle_id}: {err}")
+                continue
+            if bundle_id != state.committed:  # a fallback is the device's own decision: the floor stays
+                manifest = model.manifest
+                self.store.commit(bundle_id, manifest.model_name, manifest.model_version, raise_floor=False)
+                why = "; ".join(failed)
+                reason = f"the committed bundle does not check out at start-up ({why}); now serving {bundle_id}"
+                self.reporter.event("rolled-back", reason, bundle_id=state.committed)
+            self.serving.serve(model)
+            log.info("serving committed bundle %s on %s", bundle_id, model.provider)
+            self.serving.set_state("serving")
+            break
+        else:
+            self.serving.set_state("idle")
+        self._announce_commits()  # a crash may have come between a commit and its event
+
+    # --- the network thread: check and enqueue only
+    def on_desired(self, topic: str, payload: bytes, group: str | None) -> None:
+        """Signed desired state (agent/install/desired.py): a refused document is reported and never acted on."""
+        try:
+            self.desired.on_message("group" if group else "device", group, payload)
+        except DesiredRefused as err:
+            log.warning("refused message on %s: %s", topic, err)
+            self.reporter.event("refused", f"message on {topic}: {err}")
+            return
+        self.link.apply_desired(self.desired.effective())
+        self.put(Reconcile())
+
+    # --- the worker thread
+    def run(self) -> None:
+        """Handle commands until `Stop`."""
+        while True:
+            command = self._commands.get()
+            if isinstance(command, Stop):
+                return
+            try:
+                if isinstance(command, Reconcile):
+                    self._reconcile()
+                    self._reconcile_shadow()
+                else:
+                    self._on_unhealthy(command)
+            except Exception as err:  # the daemon must outlive any bug in one install
+                log.exception("install worker failed")
+                self.serving.set_error(f"internal error: {err}")
+
+    def _reconcile(self) -> None:
+        desired = self.desired.effective()
+        model = self.serving.model
+        if desired is None or (model is not None and desired.bundle_id == model.bundle_id):
+            return
+        key = f"{desired.bundle_id}@{desired.issued_at}"
+        if key in self.store.load_state().refused:
+            return
+        bundle_id = desired.bundle_id
+        self.reporter.event(
+            "desired", f"{desired.model_name} {desired.model_version} ({bundle_id})", bundle_id=bundle_id
+        )
+        self.serving.set_state("downloading")
+
+        def notify(kind: str, detail: str, progress: float | None) -> None:
+            if kind == "downloaded":
+                self.serving.set_state("installing")
+            self.reporter.event(kind, detail, bundle_id=bundle_id, progress=progress)  # type: ignore[arg-type]
+
+        try:
+            installed = install(self.context, desired, self.store.load_state().versions, notify)
+        except (TransferError, BrokerError) as err:
+            # Transient: the bundle may appear, the link or disk space come back; try again later (scheduled
+            # first: with a full disk even the report of this error may fail).
+            self._retry_later()
+            self._fail(bundle_id, "error", f"{err}; retrying in {self.retry_delay_s:g} s")
+            return
+        except (Refused, BundleError) as err:
+            # Refused before its commit: nothing changed on the device, whatever it serves. "rolled-back" is only
+            # for going back from a bundle this device committed (health, start-up).
+            self.store.remember_refusal(key)
+            self._fail(bundle_id, "refused", str(err))
+            return
+        previous = self.serving.model
+        detail = f"now serving on {installed.provider}" + (f" (was {previous.bundle_id})" if previous else "")
+        notice = CommitNotice(bundle_id=bundle_id, detail=detail, ts=time.time())  # owed in the commit's own write
+        self.store.commit(bundle_id, installed.manifest.model_name, installed.manifest.model_version, notice=notice)
+        installed.bundle_dir = self.store.bundle_dir(bundle_id)
+        self.serving.serve(installed)
+        self.serving.set_error(None, publish=False)
+        self.serving.set_state("serving")
+        self._announce_commits()
+
+    def _announce_commits(self) -> None:
+        """Spool the "committed" events owed (agent/install/commit_notice.py)."""
+        announce_commits(
+            self.store, lambda n: self.reporter.event("committed", n.detail, bundle_id=n.bundle_id, ts=n.ts)
+        )
+
+    def _reconcile_shadow(self) -> None:
+        """The shadow bundle the desired state names: installed through the verified path, never committed."""
+        problem = self.quality.reconcile_shadow(self.desired.effective(), self.serving.model, self._install_shadow)
+        if problem is not None:
+            self.reporter.event("error", problem.detail, bundle_id=problem.bundle_id)
+            if problem.transient:
+                self._retry_later()
+
+    def _install_shadow(self, bundle_id: str) -> LoadedModel:
+        """The signed desired document names `bundle_id` as its shadow: same signed-offer checks, no version
+        floor (a shadow is never committed)."""
+        desired = self.desired.effective()
+        if desired is None or desired.shadow_bundle_id != bundle_id:
+            raise Refused(f"shadow bundle {bundle_id} is not named by the signed desired state in force")
+        shadow = desired.model_copy(update={"bundle_id": bundle_id, "shadow_bundle_id": None})
+
+        def notify(kind: str, detail: str, progress: float | None) -> None:
+            log.info("shadow %s: %s %s", bundle_id, kind, detail)
+
+        return install(self.context, shadow, self.store.load_state().versions, notify, shadow=True)
+
+    def _fail(self, bundle_id: str, kind: EventKind, reason: str) -> None:
+        log.warning("bundle %s: %s", bundle_id, reason)
+        self.serving.set_error(f"{bundle_id}: {reason}", publish=False)
+        self.reporter.event(kind, reason, bundle_id=bundle_id)
+        self.serving.set_state("serving" if self.serving.model is not None else "idle")
+
+    def _retry_later(self) -> None:
+        timer = threading.Timer(self.retry_delay_s, self.put, args=(Reconcile(),))
+        timer.daemon = True
+        timer.start()
+
+    # --- health after commit
+    def _on_unhealthy(self, command: Unhealthy) -> None:
+        """The health monitor's verdict on the bundle served when it judged: roll back to the newest previous
+        bundle that still checks out (unless rollback is off). A verdict on a bundle no longer served is moot."""
+        model = self.serving.model
+        if model is None or model.bundle_id != command.bundle_id:
+            log.info("health verdict on %s is moot: it is no longer served", command.bundle_id)
+            return
+        bundle_id = command.bundle_id
+        self.serving.set_error(f"{bundle_id}: {command.reason}", publish=False)
+        if not self.rollback_on_failure:
+            self.serving.publish_status()
+            return
+        for previous in self.store.load_state().history:
+            try:
+                restored = load_installed(self.store, previous, self.trust, self.context.runtime)
+            except EdgefleetError as err:
+                log.warning("previous bundle %s is not usable either: %s", previous, err)
+                continue
+            desired = self.desired.effective()
+            if desired is not None and desired.bundle_id == bundle_id:
+                self.store.remember_refusal(f"{desired.bundle_id}@{desired.issued_at}")
+            manifest = restored.manifest  # a local rollback is the device's own decision: the floor stays
+            self.store.commit(previous, manifest.model_name, manifest.model_version, raise_floor=False)
+            self.serving.serve(restored)
+            self.reporter.event("rolled-back", f"{command.reason}; now serving {previous}", bundle_id=bundle_id)
+            self.serving.publish_status()
+            return
+        log.error("bundle %s is unhealthy and there is nothing to roll back to", bundle_id)
+        self.serving.publish_status()
+
+    # --- the device as a benchmark farm
+    def fetch_candidate(self, bundle_id: str, folder: Path) -> tuple[Path, Manifest]:
+        """A benchmark-only candidate, fetched and verified like any bundle, outside the store."""
+        return fetch_candidate(self.context, bundle_id, folder)
+
+
+__all__ = ["Installer"]

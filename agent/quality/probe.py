@@ -1,0 +1,86 @@
+"""Probe traffic: when live traffic is too thin to judge latency or errors, run the golden set at a bounded rate.
+
+A quiet device (a canary nobody calls yet) would otherwise report no latency and no error figures, and a
+rollout would have nothing to judge. The prober runs one golden sample every 1/rate seconds while fewer than
+`min_live` live requests arrived in the last `idle_s` seconds, and stops as soon as live traffic is there.
+Probe latencies feed the latency summary (so baselines and wave figures exist) and probe failures count
+against health like live ones; telemetry says how many requests were probes (`probe_requests`). Probes are not
+client requests: they are not counted in `requests`, and they feed neither drift, nor shadow, nor field accuracy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from edgefleet.core.quality.golden import GoldenSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    rate: float = 2.0  # probe requests per second at most; 0 turns probing off
+    min_live: int = 10  # live requests per `idle_s` below which the device counts as quiet
+    idle_s: float = 10.0
+
+
+class Probed(Protocol):
+    golden: GoldenSet
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class ProbeStats(Protocol):
+    def live_within(self, seconds: float) -> int: ...
+
+    def record_probe(self, latency_ms: float) -> None: ...
+
+    def record_failure(self) -> None: ...
+
+
+class Prober:
+    def __init__(self, model: Callable[[], Probed | None], stats: ProbeStats, config: ProbeConfig) -> None:
+        self._model, self._stats, self.config = model, stats, config
+        self._stop = threading.Event()
+        self._index = 0
+        self._thread = threading.Thread(target=self._loop, name="probe", daemon=True)
+
+    def start(self) -> Prober:
+        if self.config.rate > 0:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0 / self.config.rate):
+            try:
+                self.probe_once()
+            except Exception:  # probing must never take the agent down
+                log.exception("probe failed")
+
+    def probe_once(self) -> bool:
+        """Run one golden sample when the device is quiet; True when it did."""
+        model = self._model()
+        if model is None or self._stats.live_within(self.config.idle_s) >= self.config.min_live:
+            return False
+        golden = model.golden.inputs
+        feeds = golden.sample(self._index % len(golden))
+        self._index += 1
+        start = time.perf_counter()
+        try:
+            model.run(feeds)
+        except Exception as err:  # the model failing on its own golden input is a health signal
+            log.warning("probe request failed: %s", err)
+            self._stats.record_failure()
+            return True
+        self._stats.record_probe((time.perf_counter() - start) * 1000)
+        return True
