@@ -17,13 +17,16 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from edgefleet.converter import support_tensorrt
-from edgefleet.converter.measure import openvino_devices
-from edgefleet.converter.model import STANDARD_DOMAINS, OpUse, SourceModel, load_model, op_inventory
+from edgefleet.converter import large_model
+from edgefleet.converter.model import SourceModel, load_model
+from edgefleet.converter.onnx_graph import OpUse, dynamic_inputs, image_layout, op_inventory
+from edgefleet.converter.passes import custom_ops
+from edgefleet.converter.passes import tensorrt_support as support_tensorrt
 from edgefleet.converter.passes.openvino import export_openvino
-from edgefleet.converter.prepare import dynamic_inputs
+from edgefleet.converter.runners import openvino_devices
+from edgefleet.core.bundle.manifest import TensorSpec
+from edgefleet.core.custom_ops.packages import STANDARD_DOMAINS
 from edgefleet.core.errors import ConversionError
-from edgefleet.core.manifest import TensorSpec
 from edgefleet.core.profiles import Profile, Target
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,8 @@ class InspectReport:
     profiles: list[ProfileVerdict]
     rewrites: list[str] = field(default_factory=list)  # recorded passes loading made (converter.normalize)
     class_labels: dict[str, list[str | int]] = field(default_factory=dict)
+    quantization: dict[str, object] | None = None  # what it arrives quantized with (converter.quantized); None: float
+    layouts: dict[str, str] = field(default_factory=dict)  # image inputs: NCHW or NHWC (channels last)
 
 
 def _key(use: OpUse) -> str:
@@ -88,6 +93,10 @@ def inspect_model(path: Path, profiles: list[Profile]) -> InspectReport:
         profiles=[_profile(source, ops, dynamic, p) for p in profiles],
         rewrites=[f"{p.name} {p.params}" for p in source.passes],
         class_labels=source.class_labels,
+        quantization=source.quantization.as_dict() | {"summary": source.quantization.describe()}
+        if source.quantization
+        else None,
+        layouts={s.name: layout for s in source.inputs if (layout := image_layout(s.shape))},
     )
 
 
@@ -101,8 +110,6 @@ def _profile(source: SourceModel, ops: list[OpUse], dynamic: list[str], profile:
             "convert will try onnx's version converter"
         )
     if source.custom_domains:
-        from edgefleet.converter.passes import custom_ops
-
         known = custom_ops.decompositions()
         custom = [op.key for op in custom_ops.custom_ops(source.proto)]
         listed = ", ".join(f"{op} ({'decomposition known' if op in known else 'no decomposition'})" for op in custom)
@@ -127,8 +134,6 @@ def _target(source: SourceModel, ops: list[OpUse], dynamic: list[str], target: T
 def _check_target(source: SourceModel, ops: list[OpUse], dynamic: list[str], target: Target) -> TargetVerdict:
     verdict = TargetVerdict(target.runtime, target.format, list(target.providers), "ok")
     if source.large:  # converter/large_model.py: ONNX Runtime and OpenVINO read it from its path
-        from edgefleet.converter import large_model
-
         kind = {"openvino": "ov", "coreml": "coreml"}.get(
             target.runtime, "trt" if target.format == "onnx-tensorrt" else "ort-fp32"
         )

@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
-from edgefleet.converter import normalize
+from edgefleet.converter.passes import normalize
 from edgefleet.core.errors import ConversionError, ModelError
 
 PATH_ONLY = "ort-fp32"  # the one kind that runs the model from its path, as exported

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-PHASES = ("prepare", "export", "quantize", "calibration", "accuracy", "layer-report", "timing")  # what the search marks
+PHASES = ("prepare", "export", "quantize", "calibration", "accuracy", "layer-report", "timing", "roofline")
 
 
 @dataclass

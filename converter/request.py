@@ -7,7 +7,7 @@ from pathlib import Path
 
 from edgefleet.converter.passes.custom_ops import Policy
 from edgefleet.core.profiles import Profile
-from edgefleet.core.signing import SigningKey
+from edgefleet.core.trust.signing import SigningKey
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,9 @@ class ProfileResult:
     passes: list[dict[str, object]] = field(default_factory=list)
     worst_layers: dict[str, list[dict[str, object]]] = field(default_factory=dict)
     farm: dict[str, object] | None = None  # `--measure-on`: the devices that measured the candidates, and when
-    head_to_head: dict[str, object] | None = None  # the finalists re-timed together (converter.head_to_head)
+    head_to_head: dict[str, object] | None = None  # the finalists re-timed together (converter.timing.head_to_head)
+    roofline: dict[str, dict[str, object]] = field(default_factory=dict)  # per candidate (converter.roofline)
+    limits: dict[str, object] | None = None  # this machine's measured limits the rooflines are set against
 
 
 __all__ = ["ConvertRequest", "ProfileResult"]

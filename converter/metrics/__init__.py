@@ -2,8 +2,9 @@
 
 A metric scores a candidate's outputs against the FP32 reference (and the labels when given); higher is better.
 Built in: `top1`, `argmax-agreement`, `topK` (e.g. top5), `per-position-agreement`, `mask-iou@T` (e.g.
-mask-iou@0.3), `cosine`, `sqnr-db` (worst slice), `prob-mae` (1 − mean |Δp|), `detection-f1` (a recognized
-detection head). A user metric is `path/to/file.py:function` (converter.metrics.user).
+mask-iou@0.3), `mask-iou-mae@T` (the lower of that IoU and 1 − mean |Δp|), `cosine`, `sqnr-db` (worst slice),
+`prob-mae` (1 − mean |Δp|), `relative-error` (1 − Σ|Δ| / Σ|y|), `detection-f1` (a recognized detection head).
+A user metric is `path/to/file.py:function` (converter.metrics.user).
 """
 
 from __future__ import annotations
@@ -12,7 +13,18 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from edgefleet.converter.metrics import agreement, cosine, detection, mae, mask_iou, per_position, sqnr, topk, user
+from edgefleet.converter.metrics import (
+    agreement,
+    cosine,
+    detection,
+    mae,
+    mask_iou,
+    per_position,
+    relative_error,
+    sqnr,
+    topk,
+    user,
+)
 from edgefleet.converter.metrics.base import Metric
 from edgefleet.core.errors import UserInputError
 
@@ -20,10 +32,19 @@ __all__ = ["Metric", "names", "resolve"]
 
 _FIXED: dict[str, Metric] = {
     m.name: m
-    for m in (agreement.TOP1, agreement.AGREEMENT, per_position.PER_POSITION, cosine.COSINE, sqnr.SQNR, mae.PROB_MAE)
+    for m in (
+        agreement.TOP1,
+        agreement.AGREEMENT,
+        per_position.PER_POSITION,
+        cosine.COSINE,
+        sqnr.SQNR,
+        mae.PROB_MAE,
+        relative_error.RELATIVE_ERROR,
+    )
 }
 _PARAMETRIC: dict[str, tuple[str, Callable[[str], Metric]]] = {
     "top": ("topK, e.g. top5", lambda p: topk.make(int(p))),
+    "mask-iou-mae@": ("mask-iou-mae@THRESHOLD, e.g. mask-iou-mae@0.5", lambda p: mask_iou.make_with_mae(float(p))),
     "mask-iou@": ("mask-iou@THRESHOLD, e.g. mask-iou@0.3", lambda p: mask_iou.make(float(p))),
 }
 

@@ -1,13 +1,13 @@
 """Per-sample class agreement: top-1 accuracy against labels when given, else argmax agreement with FP32.
 
 A first output holding one integer per sample (skl2onnx's `output_label`) is compared as is; class scores
-are reduced by argmax over everything but the sample axis (edgefleet/core/task_metrics.py, shared with devices).
+are reduced by argmax over everything but the sample axis (edgefleet/core/quality/task_metrics.py, shared with devices).
 """
 
 from __future__ import annotations
 
 from edgefleet.converter.metrics.base import Metric
-from edgefleet.core.task_metrics import predicted, top1
+from edgefleet.core.quality.task_metrics import predicted, top1
 
 __all__ = ["AGREEMENT", "TOP1", "predicted"]
 

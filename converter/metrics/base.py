@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgefleet.core.task_metrics import first, per_sample
+from edgefleet.core.quality.task_metrics import first, per_sample
 
 __all__ = ["Metric", "MetricFn", "Outputs", "first", "per_sample"]
 

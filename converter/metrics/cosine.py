@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from edgefleet.converter.metrics.base import Metric
-from edgefleet.core.task_metrics import cosine
+from edgefleet.core.quality.task_metrics import cosine
 
 COSINE = Metric("cosine", cosine, "mean cosine similarity of each sample's output with FP32's")

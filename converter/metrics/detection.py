@@ -1,6 +1,6 @@
 """Detections compared, not tensors: the `detection-f1` metric over a recognized detection head.
 
-The layouts, the detections and their matching live in edgefleet/core/detections.py, shared with the device's
+The layouts, the detections and their matching live in edgefleet/core/quality/detections.py, shared with the device's
 golden check, so that the converter and the device judge a detector by the same rule.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgefleet.converter.metrics.base import Metric, Outputs
-from edgefleet.core.detections import (
+from edgefleet.core.quality.detections import (
     CONFIDENCE,
     MATCH_IOU,
     MAX_DETECTIONS,

@@ -4,6 +4,6 @@ position, e.g. every timestep of a text recognizer. Integer outputs are compared
 from __future__ import annotations
 
 from edgefleet.converter.metrics.base import Metric
-from edgefleet.core.task_metrics import per_position
+from edgefleet.core.quality.task_metrics import per_position
 
 PER_POSITION = Metric("per-position-agreement", per_position, "share of positions whose argmax matches FP32's")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edgefleet.converter.metrics.base import Metric
-from edgefleet.core.task_metrics import top_k
+from edgefleet.core.quality.task_metrics import top_k
 
 
 def make(k: int) -> Metric:

@@ -30,8 +30,8 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
+from edgefleet.core.bundle.manifest import TensorSpec
 from edgefleet.core.errors import ConversionError
-from edgefleet.core.manifest import TensorSpec
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ A custom op ties a model to the runtimes that implement it, so standard ops are 
 decomposition exists the converter inlines it (an ONNX function in standard ops, gated against the FP32
 reference like every graph pass), unless the policy says to keep custom ops on targets that can load them.
 
-Implementations and decompositions come from *custom-op packages* (edgefleet/core/custom_op_packages.py documents
+Implementations and decompositions come from *custom-op packages* (edgefleet/core/custom_ops/packages.py documents
 the format; models/custom_op/swish_op.py is the worked example).
 
 A few ONNX Runtime contrib ops (com.microsoft Gelu, BiasGelu, QuickGelu) have built-in decompositions.
@@ -23,11 +23,11 @@ import onnx
 import onnx.inliner
 from onnx import helper
 
-from edgefleet.converter.model import STANDARD_DOMAINS, walk_nodes
-from edgefleet.core import custom_op_packages as op_packages
-from edgefleet.core.custom_op_packages import ENV_VAR, LIBRARY_ENV_VAR, OpDefinition, ort_native_ops
+from edgefleet.converter.onnx_graph import walk_nodes
+from edgefleet.core.bundle.manifest import CustomOp
+from edgefleet.core.custom_ops import packages as op_packages
+from edgefleet.core.custom_ops.packages import ENV_VAR, LIBRARY_ENV_VAR, STANDARD_DOMAINS, OpDefinition, ort_native_ops
 from edgefleet.core.errors import ConversionError
-from edgefleet.core.manifest import CustomOp
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +262,8 @@ def host_session_source(model: onnx.ModelProto) -> tuple[bytes, list[str]]:
 
 def host_session_path(model_path: Path, work_dir: Path) -> tuple[str, list[str]]:
     """As host_session_source for a model file with external data, which is run from its path: the renamed copy
-    is written into `work_dir` with its external data beside it (edgefleet/core/custom_op_copy.py)."""
-    from edgefleet.core.custom_op_copy import renamed_copy
+    is written into `work_dir` with its external data beside it (edgefleet/core/custom_ops/renamed_copy.py)."""
+    from edgefleet.core.custom_ops.renamed_copy import renamed_copy
 
     python, paths = _implementations(onnx.load(str(model_path), load_external_data=False))
     if not python:

@@ -14,8 +14,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgefleet.converter.model import STANDARD_DOMAINS, graph_nodes
+from edgefleet.converter.onnx_graph import graph_nodes
 from edgefleet.converter.scratch import scratch_cwd
+from edgefleet.core.custom_ops.packages import STANDARD_DOMAINS
 from edgefleet.core.errors import ConversionError, UserInputError
 
 log = logging.getLogger(__name__)
@@ -95,17 +96,30 @@ def infer_shapes(model: onnx.ModelProto, config: ShapeConfig = ShapeConfig()) ->
 @dataclass(frozen=True)
 class FoldConfig:
     size_limit: int = 1 << 18  # largest folded constant, in elements
+    keep: tuple[str, ...] = ()  # initializers left unfolded (a quantized model's integer weights stay integer)
 
 
 def fold_constants(model: onnx.ModelProto, config: FoldConfig = FoldConfig()) -> onnx.ModelProto:
     """Constant folding (If with a constant condition is inlined), dead-node and unused-initializer removal."""
     import onnxscript.optimizer
 
+    work = copy_model(model)
+    held = [init for init in work.graph.initializer if init.name in set(config.keep)]
+    if held:  # shown to the folder as graph inputs, so nothing computed from them is folded
+        for init in held:
+            work.graph.initializer.remove(init)
+            work.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     try:
-        folded = onnxscript.optimizer.optimize(copy_model(model), output_size_limit=config.size_limit)
+        folded = onnxscript.optimizer.optimize(work, output_size_limit=config.size_limit)
     except Exception as err:  # onnxscript raises a variety of errors on graphs it cannot handle
         raise ConversionError(f"constant folding failed: {err}") from err
     assert isinstance(folded, onnx.ModelProto)
+    if held:
+        names = {init.name for init in held}
+        inputs = [i for i in folded.graph.input if i.name not in names]
+        del folded.graph.input[:]
+        folded.graph.input.extend(inputs)
+        folded.graph.initializer.extend(held)
     folded = drop_unused_initializers(folded)
     check_portable(model, folded, "constant folding")
     return folded
@@ -296,9 +310,9 @@ def fix_dims(model: onnx.ModelProto, config: FixDimsConfig) -> onnx.ModelProto:
         dims = inputs[name].type.tensor_type.shape.dim
         if len(dims) != len(shape):
             raise UserInputError(f"input {name!r} has rank {len(dims)}, cannot fix it to {shape}")
+        # The whole shape replaces what was declared, fixed values too: exporters write placeholders ([1, 3, 1, 1])
+        # that the real input does not have (converter.conversion hints at --input-shape for them).
         for dim, value in zip(dims, shape, strict=True):
-            if dim.HasField("dim_value") and dim.dim_value != value:
-                raise UserInputError(f"input {name!r} has a fixed dimension {dim.dim_value}, not {value}")
             dim.Clear()
             dim.dim_value = int(value)
     for vi in [*out.graph.input, *out.graph.output]:

@@ -5,6 +5,10 @@ The validation function NNCF calls scores a compiled model's outputs on the eval
 reference outputs with the task metric (per sample, so NNCF can rank layers by how much each costs). NNCF
 compiles candidates with f32 inference precision; the layers it reverts are read from its own report.
 openvino and nncf are imported inside the function so that listing passes never needs them.
+
+`quantize_to_bar` is the recipe the search builds (MixedNNCFConfig): the bar in the task metric's own terms,
+turned into the absolute drop NNCF bounds, below the FP32 model's score as NNCF computes it (OpenVINO f32,
+averaged per sample).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from edgefleet.converter.metrics import Metric
 from edgefleet.converter.passes.openvino import OpenVINOArtifact, _first_line
+from edgefleet.core.bundle.manifest import PassRecord
 from edgefleet.core.errors import ConversionError
 from edgefleet.core.tensors import Dataset
 
@@ -145,3 +151,79 @@ class _ReportCapture(logging.Handler):
                 layers = tuple(line.strip() for line in found.group(3).splitlines() if line.strip())
                 return layers, int(found.group(2))
         return (), 0  # NNCF met the bar with every layer quantized: it printed no report
+
+
+@dataclass(frozen=True)
+class MixedNNCFConfig:
+    """What the recipe asks of NNCF. `metric` and `bar` are part of the build's cache key."""
+
+    metric: str
+    bar: float  # the task score the result must reach (on the selection part)
+    selection_samples: int = 0  # evaluation samples NNCF validates on (the selection part)
+    preset: str = "performance"
+    ranking_subset_size: int = 8  # NNCF compiles one model per quantizer group to rank them: keep this small
+    max_layers: int | None = 16  # at most this many groups put back into float
+
+    def params(self) -> dict[str, str | int | float | bool | list[str] | None]:
+        return {
+            "metric": self.metric,
+            "bar": self.bar,
+            "selection_samples": self.selection_samples,
+            "preset": self.preset,
+            "ranking_subset_size": self.ranking_subset_size,
+            "max_layers": self.max_layers,
+        }
+
+
+def quantize_to_bar(
+    artifact: OpenVINOArtifact,
+    config: MixedNNCFConfig,
+    calibration: Dataset,
+    evaluation: Dataset,
+    reference: Outputs,
+    metric: Metric,
+) -> tuple[OpenVINOArtifact, PassRecord, str]:
+    """NNCF INT8 with accuracy control, its bar the task metric's `config.bar` on `evaluation`."""
+    labels = evaluation.labels
+
+    def task_score(index: int, want: Outputs, got: Outputs) -> float:
+        sliced = labels[index : index + 1] if labels is not None else None
+        return metric(want, got, sliced)
+
+    initial = _fp32_score(artifact, evaluation, reference, task_score)
+    if initial < config.bar:
+        raise ConversionError(
+            f"OpenVINO's f32 run of the FP32 model scores {config.metric} {initial:.4f} per sample, under the bar "
+            f"{config.bar:.4f}: nothing for accuracy control to recover"
+        )
+    nncf_config = AccuracyControlConfig(
+        max_drop=initial - config.bar,
+        preset="mixed" if config.preset == "mixed" else "performance",
+        ranking_subset_size=config.ranking_subset_size,
+        max_layers=config.max_layers,
+    )
+    done = quantize_with_accuracy_control(artifact, nncf_config, calibration, evaluation, reference, task_score)
+    params = config.params() | {
+        "fp32_score_per_sample": round(initial, 6),
+        "max_drop_given_to_nncf": round(initial - config.bar, 6),
+        "quantized_ops": done.quantized_ops,
+        "float_layers": list(done.float_layers),
+    }
+    shown = ", ".join(done.float_layers[:8]) + (" ..." if len(done.float_layers) > 8 else "")
+    note = (
+        f"NNCF accuracy control kept {len(done.float_layers)} of {done.quantized_ops or '?'} quantized operations "
+        f"in float: {shown}"
+        if done.float_layers
+        else "NNCF accuracy control kept every layer in INT8"
+    )
+    return done.artifact, PassRecord(name="nncf-int8-accuracy-control", params=params), note
+
+
+def _fp32_score(artifact: OpenVINOArtifact, evaluation: Dataset, reference: Outputs, task_score: IndexedScore) -> float:
+    """The FP32 model's per-sample mean task score as NNCF computes it (OpenVINO, f32 inference precision)."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(artifact.model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    items = ((i, {k: np.asarray(v) for k, v in evaluation.sample(i).items()}) for i in range(len(evaluation)))
+    scores = sample_scores(compiled, items, reference, task_score)
+    return float(np.mean(scores)) if scores else 0.0

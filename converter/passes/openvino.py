@@ -75,6 +75,8 @@ class NNCFConfig:
     ignored_nodes: tuple[str, ...] = ()
     subset_size: int = 300
     fast_bias_correction: bool = True
+    model_type: Literal["transformer"] | None = None  # NNCF's transformer scheme: SmoothQuant, float softmax/norms
+    smooth_quant_alpha: float | None = None  # the MatMul SmoothQuant alpha (None: NNCF's default for the type)
 
     def params(self) -> dict[str, str | int | float | bool | list[str] | None]:
         return {
@@ -82,7 +84,47 @@ class NNCFConfig:
             "ignored_nodes": list(self.ignored_nodes),
             "subset_size": self.subset_size,
             "fast_bias_correction": self.fast_bias_correction,
-        }
+        } | ({"model_type": self.model_type, "smooth_quant_alpha": self.smooth_quant_alpha} if self.model_type else {})
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """NNCF weight compression (weight-only): int8_asym per channel, or int4 in groups along K."""
+
+    mode: Literal["int8_asym", "int8_sym", "int4_sym", "int4_asym"] = "int8_asym"
+    group_size: int | None = None  # int4: values per scale (NNCF's default 128)
+
+    def params(self) -> dict[str, str | int | float | bool | list[str] | None]:
+        return {"mode": self.mode, "group_size": self.group_size}
+
+
+def compress_weights(artifact: OpenVINOArtifact, config: CompressConfig) -> OpenVINOArtifact:
+    """NNCF's weight-only compression of the matrix products (the model passed in is cloned, never changed)."""
+    import nncf
+
+    nncf.set_log_level(logging.ERROR)
+    kwargs: dict[str, Any] = {"mode": nncf.CompressWeightsMode(config.mode)}
+    if config.mode.startswith("int4"):
+        kwargs |= {"group_size": config.group_size or 128, "ratio": 1.0, "all_layers": True}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            compressed = nncf.compress_weights(artifact.model.clone(), **kwargs)
+    except Exception as err:  # NNCF raises its own errors and whatever OpenVINO raises
+        raise ConversionError(f"NNCF weight compression failed: {_first_line(err)}") from err
+    return OpenVINOArtifact(compressed, artifact.inference_precision_hint, False)
+
+
+def _transformer(config: NNCFConfig) -> dict[str, Any]:
+    if config.model_type != "transformer":
+        return {}
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+
+    found: dict[str, Any] = {"model_type": nncf.ModelType.TRANSFORMER}
+    if config.smooth_quant_alpha is not None:
+        alphas = AdvancedSmoothQuantParameters(matmul=config.smooth_quant_alpha)
+        found["advanced_parameters"] = AdvancedQuantizationParameters(smooth_quant_alphas=alphas)
+    return found
 
 
 def quantize_nncf(artifact: OpenVINOArtifact, config: NNCFConfig, calibration: Dataset) -> OpenVINOArtifact:
@@ -107,6 +149,7 @@ def quantize_nncf(artifact: OpenVINOArtifact, config: NNCFConfig, calibration: D
                 subset_size=len(samples),
                 fast_bias_correction=config.fast_bias_correction,
                 ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
+                **_transformer(config),
             )
     except Exception as err:  # NNCF raises its own errors and whatever OpenVINO raises
         raise ConversionError(f"NNCF INT8 quantization failed: {_first_line(err)}") from err

@@ -13,7 +13,8 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from edgefleet.converter.model import STANDARD_DOMAINS, count_ops, graph_nodes
+from edgefleet.converter.onnx_graph import count_ops, graph_nodes
+from edgefleet.core.custom_ops.packages import STANDARD_DOMAINS
 from edgefleet.core.errors import ConversionError
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 import onnx
 
-from edgefleet.converter.model import graph_nodes
+from edgefleet.converter.onnx_graph import graph_nodes
 from edgefleet.converter.passes.graph import copy_model, default_opset
 from edgefleet.converter.scratch import scratch_cwd
 from edgefleet.core.errors import ConversionError
@@ -89,6 +89,9 @@ class DynamicConfig:
     per_channel: bool = False
     reduce_range: bool = False
     min_matmul_share: float = 0.5
+    # ORT-fused graphs (Attention, SkipLayerNormalization, ...) have outputs ONNX shape inference cannot type: the
+    # quantizer then fails ("Unable to find data type for weight_name") unless told to take them as float
+    default_float: bool = False
 
 
 def dynamic_unsuitability(model: onnx.ModelProto, config: DynamicConfig = DynamicConfig()) -> str | None:
@@ -117,10 +120,50 @@ def quantize_int8_dynamic(model: onnx.ModelProto, config: DynamicConfig = Dynami
                 per_channel=config.per_channel,
                 reduce_range=config.reduce_range,
                 weight_type=QuantType.QInt8,
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT} if config.default_float else {},
             )
         except Exception as err:  # the quantizer raises a mix of ValueError, RuntimeError and ORT errors
             raise ConversionError(f"INT8 dynamic quantization failed: {_first_line(err)}") from err
         return onnx.load(str(out))
+
+
+# --- weight-only INT8 / INT4 matrix products (MatMulNBits) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightOnlyConfig:
+    """MatMul weights stored in `bits` per value, blocks of `block_size` along K with their own scale, in
+    com.microsoft's MatMulNBits; `accuracy_level` 4 lets its kernel compute in INT8 (activations quantized per
+    block on the fly), None computes in float."""
+
+    bits: Literal[4, 8] = 4
+    block_size: int = 32
+    symmetric: bool = True
+    accuracy_level: int | None = 4
+
+    def params(self) -> dict[str, str | int | float | bool | list[str] | None]:
+        return {"bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric,
+                "accuracy_level": self.accuracy_level}  # fmt: skip
+
+
+def quantize_weights(model: onnx.ModelProto, config: WeightOnlyConfig = WeightOnlyConfig()) -> onnx.ModelProto:
+    """Weight-only quantization of the MatMuls with constant weights (onnxruntime's MatMulNBitsQuantizer)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
+    try:
+        quantizer = MatMulNBitsQuantizer(
+            copy_model(model), bits=config.bits, block_size=config.block_size, is_symmetric=config.symmetric,
+            accuracy_level=config.accuracy_level,
+        )  # fmt: skip
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantizer.process()
+        out = quantizer.model.model
+    except Exception as err:  # the quantizer raises what its graph walk meets
+        raise ConversionError(f"weight-only INT{config.bits} quantization failed: {_first_line(err)}") from err
+    if not any(n.op_type == "MatMulNBits" for n in out.graph.node):
+        raise ConversionError("not suited: no MatMul with a constant weight to quantize weight-only")
+    return out
 
 
 # --- INT8 static QDQ ------------------------------------------------------------------------------------------

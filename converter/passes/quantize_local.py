@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgefleet.converter.heads import PLUMBING
+from edgefleet.converter.passes.heads import PLUMBING
 from edgefleet.converter.passes.precision import QDQ_MIN_OPSET, _at_least_opset, _first_line, prepare_for_quantization
 from edgefleet.core.errors import ConversionError
 from edgefleet.core.tensors import Dataset

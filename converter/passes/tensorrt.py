@@ -21,12 +21,12 @@ from typing import Literal
 
 import onnx
 
-from edgefleet.converter.model import graph_nodes
+from edgefleet.converter.onnx_graph import graph_nodes
 from edgefleet.converter.passes import precision as prec
+from edgefleet.converter.passes.tensorrt_support import SUPPORTED
 from edgefleet.converter.scratch import scratch_cwd
-from edgefleet.converter.support_tensorrt import SUPPORTED
+from edgefleet.core.bundle.manifest import TensorRTOptions
 from edgefleet.core.errors import ConversionError
-from edgefleet.core.manifest import TensorRTOptions
 from edgefleet.core.tensors import Dataset
 
 CALIBRATION_TABLE = "calibration.flatbuffers"  # the name onnxruntime's TensorRT EP documentation uses

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgefleet.converter.model import walk_nodes
+from edgefleet.converter.onnx_graph import walk_nodes
 from edgefleet.converter.passes.graph import copy_model
+from edgefleet.core.bundle.manifest import GoldenSpec
 from edgefleet.core.errors import ConversionError
-from edgefleet.core.golden import GoldenSet
-from edgefleet.core.manifest import GoldenSpec
+from edgefleet.core.quality.golden import GoldenSet
 
 ORT_WEB_VERSION = "1.30.0"  # deploy/web/package.json pins the same
 MAX_IR_VERSION = 13  # onnxruntime-web 1.30 refuses IR 14 ("Unsupported model IR version")
@@ -108,7 +108,7 @@ def _tensor(array: np.ndarray) -> dict[str, Any]:
 
 def golden_json(golden: GoldenSet, spec: GoldenSpec) -> dict[str, Any]:
     """The golden set for the browser page: per sample, each input; per output, the expected and FP32 outputs
-    stacked over samples; the tolerances the device applies (edgefleet.core.golden.compare)."""
+    stacked over samples; the tolerances the device applies (edgefleet.core.quality.golden.compare)."""
     count = len(golden.inputs)
     return {
         "version": GOLDEN_JSON_VERSION,

@@ -1,6 +1,6 @@
 """The search's last word: the best candidates re-timed together before one is chosen.
 
-The main timing phase (converter.timing) times every candidate inside the budget and stops the ones that cannot
+The main timing phase (converter.search.timing) times every candidate inside the budget and stops the ones that cannot
 win; on a loaded 2-core machine one such phase can rank two runtimes either way from run to run (ppocr-cls:
 OpenVINO FP32 chosen at 10.07 ms in one run, ONNX Runtime FP32 at 2.59 ms in the bench right after; ORT FP32
 chosen an hour earlier). So the finalists (the fastest candidate of each runtime, and any other within
@@ -8,7 +8,7 @@ chosen an hour earlier). So the finalists (the fastest candidate of each runtime
 
 - `ROUNDS` interleaved rounds (up to `MAX_ROUNDS` while the phase has taken under `PHASE_S`), the order rotated
   every round, so no finalist always follows the same one;
-- before each block, the previous runtime's worker threads are waited out (converter.measure.settle: ONNX
+- before each block, the previous runtime's worker threads are waited out (converter.timing.latency.settle: ONNX
   Runtime's spin after each run, and an OpenVINO model timed meanwhile ran several times slower), then
   `WARMUP_RUNS` untimed runs; each runtime keeps its own settings, at the profile's first thread count;
 - each finalist's figure is the median of its per-round medians.
@@ -28,10 +28,10 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
-from edgefleet.converter.measure import Runner, runtime_changes, settle
-from edgefleet.converter.recipes import Choice
+from edgefleet.converter.runners import Runner
+from edgefleet.converter.timing.latency import runtime_changes, settle
 from edgefleet.core.tensors import Dataset
 
 FINALIST_MARGIN = 1.5  # candidates within this factor of the best median in the timing phase re-run
@@ -218,33 +218,3 @@ def time_finalists(
         if on_round is not None:
             on_round(index, max(rounds, index))
     return every, per_round, runs
-
-
-def apply(choice: Choice, decision: Decision, medians: Mapping[str, float]) -> Choice:
-    """`choice` (the timing phase's) with the head to head's winner: each finalist's latency becomes its median
-    there, and a finalist that lost says how; the other candidates keep their reasons."""
-    pool = ([choice.chosen] if choice.chosen else []) + choice.rejected
-    won = medians[decision.winner]
-    winner, rejected = None, []
-    for cand in pool:
-        if cand.name not in medians:
-            rejected.append(cand)
-            continue
-        cand = replace(cand, latency_ms=medians[cand.name], rejected=None)
-        ratio = medians[cand.name] / won
-        if cand.name == decision.winner:
-            winner = cand
-        elif cand.name in decision.tied:
-            rejected.append(replace(cand, rejected=(
-                f"slower or tied head to head: {medians[cand.name]:.3f} ms median vs {won:.3f} ms for "
-                f"{decision.winner} ({ratio:.2f}x), within the noise of the fastest ({decision.fastest}); the "
-                f"tie-break ({TIE_BREAK}) prefers {decision.winner}"
-            )))  # fmt: skip
-        else:
-            rejected.append(replace(cand, rejected=(
-                f"slower head to head: {medians[cand.name]:.3f} ms median vs {won:.3f} ms for {decision.winner} "
-                f"({ratio:.2f}x)"
-            )))  # fmt: skip
-    if winner is None:
-        raise ValueError(f"the head to head's winner {decision.winner} is not among the candidates")
-    return Choice(winner, rejected, choice.accuracy_floor)

@@ -10,12 +10,10 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgefleet.converter.model import SourceModel
-
-if TYPE_CHECKING:
-    from edgefleet.converter.build import ConvertRequest, ProfileResult
+from edgefleet.converter.request import ConvertRequest, ProfileResult
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -126,6 +124,49 @@ def _head_to_head_table(h2h: dict[str, Any]) -> str:
     return caption + "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{rows}</table>"
 
 
+def _roofline_table(profile: dict[str, Any]) -> str:
+    """How near each candidate runs to this machine's limit (converter.roofline)."""
+    lines: dict[str, dict[str, Any]] = profile.get("roofline") or {}
+    if not lines:
+        return ""
+    limits = profile.get("limits")
+    if limits:
+        rates = "; ".join(
+            f"{runtime} " + ", ".join(f"{p} {v:.0f}" for p, v in sorted(values.items()))
+            for runtime, values in sorted(limits["gemm_gops"].items())
+            if values
+        )
+        caption = (
+            f"<p>% of the limit: this machine ({html.escape(str(limits['cpu']))}, {limits['threads']} thread(s)) "
+            f"measured at GEMM GOP/s {html.escape(rates)} and {limits['bandwidth_gbs']:.1f} GB/s memory bandwidth "
+            f"(load average {limits.get('load_average', 0):.2f}, {html.escape(str(limits['measured_at']))})</p>"
+        )
+    else:
+        caption = (
+            "<p>work per inference and achieved rates (the latencies were measured on the devices, whose "
+            "limits are not measured)</p>"
+        )
+    head = ["candidate", "MMACs", "MACs by precision", "weights KB", "moved KB", "median ms", "GOP/s", "GB/s",
+            "% compute", "% bandwidth", "bound", "% of limit"]  # fmt: skip
+    rows = []
+    for name, line in lines.items():
+        if "error" in line:
+            rows.append(f"<tr><td>{_cell(name)}</td><td colspan={len(head) - 1}>{_cell(line['error'])}</td></tr>")
+            continue
+        work = line["work"]
+        split = ", ".join(f"{p} {v / 1e6:.3g}M" for p, v in work["macs_by_precision"].items())
+        cls = " class='win'" if name == profile["recipe"] else ""
+        rows.append(
+            f"<tr{cls}><td>{_cell(name)}</td><td>{_cell(work['macs'] / 1e6, 2)}</td><td>{_cell(split)}</td>"
+            f"<td>{_cell(work['weight_bytes'] / 1e3, 1)}</td><td>{_cell(work['bytes_moved'] / 1e3, 1)}</td>"
+            f"<td>{_cell(line['latency_ms'])}</td><td>{_cell(line['achieved_gops'], 2)}</td>"
+            f"<td>{_cell(line['achieved_gbs'], 2)}</td><td>{_cell(line.get('compute_pct'), 1)}</td>"
+            f"<td>{_cell(line.get('bandwidth_pct'), 1)}</td><td>{_cell(line.get('bound'))}</td>"
+            f"<td>{_cell(line.get('limit_pct'), 1)}</td></tr>"
+        )
+    return caption + "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+
+
 def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -165,5 +206,6 @@ def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
                     f"<td>{_cell(c['latency_ms'])}</td><td>{_cell(size, 1)}</td><td>{_cell(c['rejected'])}</td></tr>"
                 )
             parts.append("</table>")
+        parts.append(_roofline_table(profile))
     parts.append("</body></html>")
     return "\n".join(parts)

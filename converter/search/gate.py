@@ -1,20 +1,18 @@
 """The accuracy gate: how close a transformed model stays to the FP32 source, judged against a budget.
 
-The metric is the user's (`--metric`: a built-in task metric or `path.py:function`, converter.metrics) or,
-by default, follows from the first output and the data:
-- class scores (one vector per sample) with labels: top-1 accuracy; without labels: argmax agreement;
-- a predicted label (one integer per sample, e.g. skl2onnx's `output_label`): label accuracy or agreement;
-- a recognized detection head (YOLO-style, SSD boxes + scores) with detections on the evaluation set:
-  detection F1 against FP32's detections;
-- anything else: the lowest SQNR (dB) over every float output and over each output's channel groups of one
-  scale (the worst slice decides), capped at SQNR_CAP_DB for bit-exact results.
+The metric is the user's (`--metric`: a built-in task metric or `path.py:function`, converter.metrics), SQNR
+when the user gave only an SQNR floor (`--min-sqnr`), or, by default, the task rule for the judged output's kind
+(edgefleet.core.quality.task_defaults, the table the device's golden check shares): detection F1 for a recognized
+detection head, argmax / top-1 for class scores and labels, per-position agreement for CTC and token sequences,
+cosine for embeddings, mask IoU plus mean absolute error for probability maps, relative error for regressions.
+The plan says which it chose and why; outputs that only pass an input through are never judged.
 The budget is a largest drop below the FP32 model's own score (`max_drop`), or an absolute bar (`min_score`);
 for SQNR the floor is `min_sqnr_db`. Max-abs error and the worst slice's SQNR are reported for every candidate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,10 +20,12 @@ import numpy as np
 
 from edgefleet.converter.metrics import Metric, detection, resolve
 from edgefleet.converter.metrics.sqnr import SQNR_CAP_DB, slice_report, sqnr_db
+from edgefleet.core.quality import task_defaults
 
 __all__ = ["SQNR_CAP_DB", "Budget", "MetricPlan", "Score", "gate", "plan_metric", "score", "sqnr_db"]
 
-_MAX_CLASSES = 100_000
+
+PlanKind = Literal["scores", "label", "signal", "detection", "task"]
 
 
 @dataclass(frozen=True)
@@ -33,41 +33,50 @@ class MetricPlan:
     """The metric for one model and evaluation set, decided once from the FP32 reference outputs."""
 
     name: str
-    output: str
-    kind: Literal["scores", "label", "signal", "detection", "task"]
+    output: str  # the output it judges
+    kind: PlanKind
     note: str = ""
     metric: Metric = field(default_factory=lambda: resolve("sqnr-db"))
+    why: str = ""  # the default rule chosen: what in the output chose it (empty when the user named the metric)
+    default_drop: float | None = None  # the default rule's drop below FP32 (None: the profile's or the user's)
+    skipped: tuple[str, ...] = ()  # outputs never judged (inputs passed through)
+
+    @property
+    def description(self) -> str:
+        """The metric's description, and why it was chosen where the user named none (the manifest's record)."""
+        return self.metric.description + (f"; chosen by default: {self.why}" if self.why else "")
 
 
 def plan_metric(
-    reference: Mapping[str, np.ndarray], labels: np.ndarray | None, requested: str | None = None
+    reference: Mapping[str, np.ndarray],
+    labels: np.ndarray | None,
+    requested: str | None = None,
+    *,
+    skip: Iterable[str] = (),
+    class_labels: Iterable[str] = (),
+    sqnr: bool = False,
 ) -> MetricPlan:
-    first = next(iter(reference))
+    """`requested`: the user's metric; `sqnr`: the user gave an SQNR floor and no metric; `skip`: outputs never
+    judged; `class_labels`: outputs whose columns are named classes."""
+    skipped = tuple(n for n in skip if n in reference and len(reference) > 1)
+    first = next(n for n in reference if n not in skipped)
     if requested:
         metric = resolve(requested, reference)
-        kind: Literal["task", "detection"] = "detection" if metric.name == "detection-f1" else "task"
-        return MetricPlan(metric.name, first, kind, metric.description, metric)
-    ref = reference[first]
-    per_sample = int(np.prod(ref.shape[1:])) if ref.ndim > 1 else 1
-    squeezed = [d for d in ref.shape[1:] if d != 1]
-    classes = "top1" if labels is not None else "argmax-agreement"
-    if (np.issubdtype(ref.dtype, np.integer) or ref.dtype.kind in "OUS") and per_sample == 1:
-        return MetricPlan(classes, first, "label", metric=resolve(classes))
-    if np.issubdtype(ref.dtype, np.floating) and len(squeezed) == 1 and 1 < per_sample <= _MAX_CLASSES:
-        return MetricPlan(classes, first, "scores", metric=resolve(classes))
-    note = "labels ignored: the first output is not class scores" if labels is not None else ""
-    layout = detection.recognize(reference)
-    if layout is not None:
-        found = sum(len(d.scores) for d in detection.all_detections(layout, reference))
-        if found:
-            metric = detection.make(layout)
-            return MetricPlan(
-                metric.name, layout.output, "detection", f"{layout.describe()}: {found} detections", metric
-            )
-        note = (note + "; " if note else "") + (
-            f"a {layout.kind} detection head with no detection on the evaluation set: judged by SQNR"
-        )
-    return MetricPlan("sqnr-db", first, "signal", note, resolve("sqnr-db"))
+        asked: PlanKind = "detection" if metric.name == "detection-f1" else "task"
+        return MetricPlan(metric.name, first, asked, metric.description, metric, skipped=skipped)
+    if sqnr:
+        return MetricPlan("sqnr-db", first, "signal", "judged by SQNR: --min-sqnr without --metric",
+                          resolve("sqnr-db"), skipped=skipped)  # fmt: skip
+    rule = task_defaults.infer(reference, labels, skipped, class_labels)
+    note = f"chosen by default for {rule.output!r} ({rule.kind}): {rule.why}"
+    if labels is not None and rule.kind not in ("class-scores", "label"):
+        note += "; labels ignored: the judged output is not class scores"
+    kinds: dict[str, PlanKind] = {"detection": "detection", "label": "label", "class-scores": "scores"}
+    layout = detection.recognize(reference) if rule.metric == "detection-f1" else None
+    metric = detection.make(layout) if layout is not None else resolve(rule.metric)
+    return MetricPlan(
+        rule.metric, rule.output, kinds.get(rule.kind, "task"), note, metric, rule.why, rule.default_drop, skipped
+    )
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,9 @@ def score(
         if diff.size and not np.all(np.isfinite(diff)):
             return _failed(plan)
         max_abs = max(max_abs, float(diff.max()) if diff.size else 0.0)
+    judged = [plan.output] + [n for n in reference if n != plan.output and n not in plan.skipped]
+    reference = {n: reference[n] for n in judged}  # the judged output first: the metric reads the first
+    outputs = {n: outputs[n] for n in judged}
     slices = slice_report(outputs, reference)
     worst = slices[0].sqnr_db if slices else SQNR_CAP_DB
     where = slices[0].describe() if slices and worst < SQNR_CAP_DB else ""

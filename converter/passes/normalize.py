@@ -5,6 +5,8 @@
 - Non-tensor outputs become tensors: a ZipMap (skl2onnx's and onnxmltools' default classifier output, a
   sequence of maps) is replaced by its input, the probability matrix, and its class labels are returned so the
   manifest can carry them. Any other non-tensor output is refused, naming it.
+- Weights listed as graph inputs (IR 3 and older exporters list every initializer as an input too, which makes
+  it an input a caller may override: runtimes then neither fold nor pre-pack it) become plain initializers.
 - A model file over protobuf's 2 GB limit is refused before it is read, in one sentence; a model whose weights
   are in external data files may be larger: it is read without them (converter/large_model.py).
 
@@ -19,8 +21,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from edgefleet.core.bundle.manifest import PassRecord
 from edgefleet.core.errors import ModelError
-from edgefleet.core.manifest import PassRecord
 
 PROTOBUF_LIMIT = 2**31 - 1  # bytes: one serialized ModelProto can hold no more
 
@@ -154,8 +156,28 @@ def _type_text(value_type: onnx.TypeProto) -> str:
     return "value of unknown type"
 
 
-def normalize(model: onnx.ModelProto) -> Normalized:
+def weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with graph inputs that are also initializers dropped from the inputs (IR raised to 4, which
+    allows initializers that are not inputs), and their names."""
+    initializers = {init.name for init in model.graph.initializer}
+    listed = [i.name for i in model.graph.input if i.name in initializers]
+    if not listed:
+        return model, []
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [i for i in out.graph.input if i.name not in initializers]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    out.ir_version = max(out.ir_version, 4)
+    return out, listed
+
+
+def normalize(model: onnx.ModelProto, fold_weight_inputs: bool = True) -> Normalized:
+    """`fold_weight_inputs` False: a model run from its path as exported (over protobuf's limit) keeps them."""
     done = Normalized(model)
+    model, folded = weights_as_inputs(model) if fold_weight_inputs else (model, [])
+    if folded:
+        done.passes.append(PassRecord(name="weights-as-inputs", params={"initializers": len(folded)}))
     proto, changed = symbolic_dims(model)
     if changed:
         done.passes.append(

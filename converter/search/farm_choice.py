@@ -1,7 +1,7 @@
 """Choosing a profile's recipe by what devices of that profile measured (`edgefleet convert --measure-on`).
 
 After the local search, every candidate that passed the accuracy gates is written as a signed benchmark-only bundle
-and handed to a `Farm` (edgefleet/control/farm.py `FleetFarm`: publish, ask the online devices of the profile,
+and handed to a `Farm` (edgefleet/control/farm/service.py `FleetFarm`: publish, ask the online devices of the profile,
 wait with a deadline). The choice is then made again by the devices' figures instead of this host's timing:
 
 - The figure per candidate is the median over the devices of each device's p50 (the median of its individually
@@ -25,15 +25,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from edgefleet.converter.accuracy import Budget
-from edgefleet.converter.candidates import Built
-from edgefleet.converter.context import Context, Progress
-from edgefleet.converter.recipes import Candidate, choose
-from edgefleet.converter.search import ProfileSearch
-from edgefleet.converter.targets import TargetStatus
-from edgefleet.core.benchmark import BenchmarkResult, CandidateFigures, FarmAnswer
+from edgefleet.converter.search.choose import Candidate, choose
+from edgefleet.converter.search.plan import TargetStatus
+from edgefleet.converter.search.request import Progress
+from edgefleet.converter.search.result import ProfileSearch
+from edgefleet.converter.search.types import Built
+from edgefleet.core.bundle.manifest import DeviceMeasurement, FarmReport, LatencyReport
 from edgefleet.core.errors import EdgefleetError, UserInputError
-from edgefleet.core.manifest import DeviceMeasurement, FarmReport, LatencyReport
+from edgefleet.core.farm_messages import BenchmarkResult, CandidateFigures, FarmAnswer
 from edgefleet.core.profiles import Target
 
 STATISTIC = "median over the devices of each device's p50 (ms)"
@@ -125,45 +124,48 @@ def _measurement(result: BenchmarkResult, fig: CandidateFigures) -> DeviceMeasur
 
 
 def choose_on_devices(
-    ctx: Context, found: ProfileSearch, budget: Budget, farm: Farm, write: WriteCandidate
-) -> FarmReport | None:
-    """Send the profile's gated candidates to the farm and choose again by the devices' figures; updates
-    `found` (candidates, choice, notes). The report for the manifest, or None when the local choice stands."""
+    found: ProfileSearch, farm: Farm, write: WriteCandidate, progress: Progress
+) -> tuple[ProfileSearch, FarmReport | None]:
+    """Send the profile's gated candidates to the farm and choose again by the devices' figures: the search with
+    the devices' candidates, choice and notes, and the report for the manifest (None when the local choice
+    stands; the search then keeps its choice, with notes saying why)."""
+    found = replace(found, notes=list(found.notes))
     limits = {
-        "reference": ctx.ref_value,
-        "max_drop": budget.allowed_drop(ctx.plan.name, ctx.ref_value),
+        "reference": found.reference,
+        "max_drop": found.budget.allowed_drop(found.metric, found.reference),
         "size_limit_bytes": int(found.profile.size_limit_mb * 1e6),
     }
     local = found.choice.chosen.name if found.choice and found.choice.chosen else None
     names = set(eligible(found.candidates, **limits))  # type: ignore[arg-type]
     if not names:
-        return None
+        return found, None
     by_id: dict[str, str] = {}
     bundles: list[Path] = []
-    for built, target, status, _order in found.built:
+    for attempt in found.attempts:
+        built = attempt.built
         if built.spec.name in names and built.spec.name not in by_id.values():
-            ctx.progress(f"{found.profile.name}: signing candidate {built.spec.name} for the devices")
-            path, bundle_id = write(built, target, status)
+            progress(f"{found.profile.name}: signing candidate {built.spec.name} for the devices")
+            path, bundle_id = write(built, attempt.target, attempt.status)
             by_id[bundle_id] = built.spec.name
             bundles.append(path)
-    ctx.progress(f"{found.profile.name}: {len(bundles)} candidate(s) measured on the devices")
+    progress(f"{found.profile.name}: {len(bundles)} candidate(s) measured on the devices")
     try:
-        answer = farm.measure(found.profile.name, bundles, ctx.progress)
+        answer = farm.measure(found.profile.name, bundles, progress)
     except UserInputError:
         raise
     except EdgefleetError as err:  # the broker went away, a grant was refused: the local choice stands
         found.notes.append(f"devices: not measured ({type(err).__name__}: {err}); the choice stays on this host's")
-        return None
+        return found, None
     decision = decide(found.candidates, by_id, answer)
     found.notes.extend(f"devices: {note}" for note in decision.notes)
     if not decision.decided:
-        return None
+        return found, None
     found.candidates = decision.candidates
     found.choice = choose(found.candidates, **limits)  # type: ignore[arg-type]
     chosen = found.choice.chosen
     if chosen is None or chosen.name not in decision.per_device:
         found.notes.append("devices: no candidate the devices measured passed there")
-        return None
+        return found, None
     devices = decision.per_device[chosen.name]
     when = max(d.measured_at for d in devices).isoformat(timespec="seconds")
     found.notes.append(
@@ -171,7 +173,7 @@ def choose_on_devices(
         f"(latest {when}); this host's own timing chose {local or 'nothing'}"
     )
     figures = {c.name: c.latency_ms for c in found.candidates if c.name in decision.per_device}
-    return FarmReport(
+    return found, FarmReport(
         statistic=STATISTIC,
         latency_ms={k: v for k, v in figures.items() if v is not None},
         devices=devices,

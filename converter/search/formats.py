@@ -5,32 +5,21 @@ package, checked against ONNX Runtime through torch)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-from edgefleet.converter.context import Context
-from edgefleet.converter.measure import predict
+from edgefleet.converter.onnx_graph import graph_inputs
 from edgefleet.converter.passes import coreml as cml
 from edgefleet.converter.passes import tensorrt as trt
 from edgefleet.converter.passes import web
+from edgefleet.converter.runners import predict
+from edgefleet.converter.search.request import SearchRequest
+from edgefleet.converter.search.types import COREML_PACKAGE, MODEL_DIR, Built, Spec
+from edgefleet.core.bundle.manifest import PassRecord
 from edgefleet.core.errors import ConversionError
-from edgefleet.core.manifest import PassRecord, TensorSpec
 
-if TYPE_CHECKING:
-    from edgefleet.converter.candidates import Built, Spec
-
-MODEL_DIR = "model"
-COREML_PACKAGE = f"{MODEL_DIR}/model.mlpackage"
 TORCH_MATCH_TOLERANCE = 1e-3  # onnx2torch's module vs ONNX Runtime, relative to the largest output magnitude
-
-
-def graph_inputs(model: onnx.ModelProto) -> list[TensorSpec]:
-    from edgefleet.converter.model import tensor_spec
-
-    initializers = {init.name for init in model.graph.initializer}
-    return [tensor_spec(v) for v in model.graph.input if v.name not in initializers]
 
 
 def finish_web(model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
@@ -53,7 +42,7 @@ def finish_web(model: onnx.ModelProto, spec: Spec, built: Built, directory: Path
     built.files = {f"{MODEL_DIR}/model.ort": ort_path}
 
 
-def make_tensorrt(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
+def make_tensorrt(request: SearchRequest, model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
     """The FP32 graph as shipped, the EP options, the INT8 calibration table, and the CPU proxy."""
     assert isinstance(spec.config, trt.TensorRTConfig)
     config = spec.config
@@ -62,13 +51,13 @@ def make_tensorrt(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built
     built.files = {f"{MODEL_DIR}/model.onnx": path}
     table_rel = None
     if config.precision == "int8-static":
-        table = trt.write_calibration_table(model, ctx.calib, directory / "calibration", config.max_samples)
+        table = trt.write_calibration_table(model, request.calib, directory / "calibration", config.max_samples)
         table_rel = f"{MODEL_DIR}/{trt.CALIBRATION_TABLE}"
         built.files[table_rel] = table
         built.passes.append(
             PassRecord(
                 name="tensorrt-calibration-table",
-                params={"method": "minmax", "symmetric": True, "samples": min(len(ctx.calib), config.max_samples)},
+                params={"method": "minmax", "symmetric": True, "samples": min(len(request.calib), config.max_samples)},
             )
         )
     built.tensorrt = config.options(table_rel)
@@ -78,25 +67,25 @@ def make_tensorrt(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built
         built.notes.append(
             f"TensorRT's ONNX parser cannot take {', '.join(lacking)}: those nodes run on the CUDA/CPU EPs"
         )
-    proxy = trt.proxy_model(model, config, ctx.calib)
+    proxy = trt.proxy_model(model, config, request.calib)
     if proxy is not model:
         built.proxy = directory / "proxy.onnx"
         onnx.save(proxy, str(built.proxy))
 
 
-def make_coreml(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
+def make_coreml(request: SearchRequest, model: onnx.ModelProto, spec: Spec, built: Built, directory: Path) -> None:
     """ONNX → onnx2torch (checked against ONNX Runtime on the evaluation set) → ML Program package."""
     from importlib.metadata import version
 
     assert isinstance(spec.config, cml.CoreMLConfig)
-    source = ctx.torch_model
+    source = request.torch_model
     module = cml.load_torch_model(source) if source else cml.to_torch(model)
     what = f"the torch model {source.name}" if source else "onnx2torch's module"
     inputs = graph_inputs(model)
-    outputs = list(ctx.reference)
-    exact = predict(cml.torch_runner(module, inputs, outputs, cml.CoreMLConfig(precision="fp32")), ctx.evaluation)
-    scale = max([1.0] + [float(np.max(np.abs(v))) for v in ctx.reference.values() if v.size])
-    diff = max(float(np.max(np.abs(exact[k].astype(np.float64) - v))) for k, v in ctx.reference.items())
+    outputs = list(request.reference)
+    exact = predict(cml.torch_runner(module, inputs, outputs, cml.CoreMLConfig(precision="fp32")), request.evaluation)
+    scale = max([1.0] + [float(np.max(np.abs(v))) for v in request.reference.values() if v.size])
+    diff = max(float(np.max(np.abs(exact[k].astype(np.float64) - v))) for k, v in request.reference.items())
     if diff > TORCH_MATCH_TOLERANCE * scale:
         raise ConversionError(f"{what} differs from ONNX Runtime by {diff:.3g} on the evaluation set")
     params: dict[str, str | int | float | bool | list[str] | None] = {
@@ -104,11 +93,11 @@ def make_coreml(ctx: Context, model: onnx.ModelProto, spec: Spec, built: Built, 
         "max_abs_vs_onnxruntime": diff,
     }
     if source:
-        params |= {"file": source.name, "sha256": ctx.data_sha.get("torch", "")}
+        params |= {"file": source.name, "sha256": request.data_sha.get("torch", "")}
     built.passes.append(PassRecord(name="torch-model" if source else "onnx2torch", params=params))
     package = directory / "model.mlpackage"
-    cml.export_mlpackage(module, inputs, outputs, ctx.evaluation.sample(0), spec.config, package)
-    cml.check_package(package, inputs, outputs, ctx.evaluation.sample(0))
+    cml.export_mlpackage(module, inputs, outputs, request.evaluation.sample(0), spec.config, package)
+    cml.check_package(package, inputs, outputs, request.evaluation.sample(0))
     built.passes.append(PassRecord(name="coreml-mlprogram", params=spec.config.params()))
     built.files = cml.package_files(package, COREML_PACKAGE)
     if not spec.run_on.startswith("coreml:"):

@@ -9,7 +9,7 @@ other eligible candidate's median). A dropped candidate keeps no accuracy score,
 The evidence comes for free: the per-sample times of the accuracy evaluation (at the timing's thread count)
 and, in the timing phase, the interleaved rounds. Evaluation times come from different moments, so a verdict
 drawn from them is confirmed head to head (the best candidate and the suspect alternating) before anything
-is dropped (each block after the other runtime's threads went quiet: converter.measure.settle). Retries of a
+is dropped (each block after the other runtime's threads went quiet: converter.timing.latency.settle). Retries of a
 quantized recipe (other calibrations, layers kept in float) are bounded by the plain quantized model: the same
 graph with more of it in float is not faster, so when the plain one cannot win, its retries are not built.
 """
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgefleet.converter.head_to_head import NOISE, precision_rank
-from edgefleet.converter.measure import Runner, settle
+from edgefleet.converter.runners import Runner
+from edgefleet.converter.timing.head_to_head import NOISE, precision_rank
+from edgefleet.converter.timing.latency import settle
 from edgefleet.core.errors import ConversionError
 
 MARGIN = 1.10  # evidence from different moments (evaluation runs are not interleaved): a generous margin
@@ -151,7 +152,7 @@ def retries_cannot_win(
     control, the ORT exclusion search) is the same graph with as much or more of it in float, so it runs no
     faster than `bound` (the plain model, compiled with the fastest hint a retry gets). When `bound` is not
     faster, head to head, than the best candidate inside the budget, no retry can be; and within the head to
-    head's noise (converter.head_to_head) the tie-break prefers that candidate where its precision is higher.
+    head's noise (converter.timing.head_to_head) the tie-break prefers that candidate where its precision is higher.
     The retries are then not built: NNCF accuracy control alone takes minutes on a 10 MB model."""
     return retries_verdict(pruner.ratio(bound, feeds), precision, precisions, hint_note)
 

@@ -1,0 +1,344 @@
+"""`edgefleet convert`: source model + data → one signed bundle per hardware profile, and a report.
+
+Order of work: check everything the user gave (model, pins, data) before writing anything; run the FP32 source
+on the evaluation set for the reference; load all of it once into the search's frozen request; per profile,
+search recipes (converter.search) and sign the winner (converter.bundle); write the report (converter.report).
+Bundles and report files appear in `out` only when complete (written then renamed); the work directory inside
+`out` is removed whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from edgefleet.converter import phases
+from edgefleet.converter.bundle import write_bundle
+from edgefleet.converter.model import SourceModel, load_model
+from edgefleet.converter.onnx_graph import graph_inputs, image_layout, passthrough_outputs
+from edgefleet.converter.passes import custom_ops as cops
+from edgefleet.converter.passes import graph
+from edgefleet.converter.passes.graph import FixDimsConfig
+from edgefleet.converter.report import write_report
+from edgefleet.converter.request import ConvertRequest, ProfileResult
+from edgefleet.converter.roofline import Artifact, machine_limits, rooflines
+from edgefleet.converter.runners import Runner, ort_runner, predict
+from edgefleet.converter.search import (
+    Budget,
+    BuildCache,
+    Farm,
+    MetricPlan,
+    ProfileSearch,
+    Progress,
+    SearchRequest,
+    Workspace,
+    choose_on_devices,
+    plan_metric,
+    search,
+)
+from edgefleet.core.bundle.archive import sha256_file
+from edgefleet.core.bundle.manifest import TensorSpec, parse_version
+from edgefleet.core.errors import ConversionError, DataError, UserInputError
+from edgefleet.core.profiles import HostFacts, Profile
+from edgefleet.core.tensors import Dataset, load_dataset
+
+log = logging.getLogger(__name__)
+__all__ = ["convert"]
+
+
+def convert(
+    request: ConvertRequest, progress: Progress = lambda _msg: None, farm: Farm | None = None
+) -> list[ProfileResult]:
+    """Build, measure and sign. User errors are raised before anything is written to `out`. With a `farm`, each
+    profile's gated candidates are measured on its devices and chosen by their figures (converter.search)."""
+    try:
+        parse_version(request.version)
+    except ValueError as err:
+        raise UserInputError(str(err)) from err
+    if request.custom_ops not in cops.POLICIES:
+        raise UserInputError(f"unknown custom-op policy {request.custom_ops!r}; valid: {', '.join(cops.POLICIES)}")
+    cops.packages()  # a broken custom-op package is a user error, reported before any work
+    if request.torch_model is not None and not request.torch_model.is_file():
+        raise UserInputError(f"torch model {request.torch_model} not found")
+    source = load_model(request.model)
+    pins = _parse_pins(source, request.pins)
+    user_dims = FixDimsConfig(dims=dict(request.fix_dims), shapes=dict(request.input_shapes))
+    runnable, specs = source.runnable, source.inputs
+    if (user_dims.dims or user_dims.shapes) and not source.large:  # the user's shapes replace what was declared
+        runnable = graph.fix_dims(source.proto, user_dims)
+        specs = graph_inputs(runnable)
+    inputs = [spec for spec in specs if spec.name not in pins]
+    calib = _load(request.calib, inputs, "calibration")
+    evaluation = _load(request.eval, inputs, "evaluation")
+    _check_runs(runnable, pins, calib, "calibration", request.calib, inputs)
+    progress("reference: running the FP32 source model on the evaluation set")
+    reference = predict(_with_pins(ort_runner(runnable, request.threads), pins), evaluation)
+    outputs, warnings = checked_outputs(source.outputs, reference)
+    for warning in warnings:
+        progress(f"warning: {warning}")
+    for spec in inputs:
+        layout = image_layout(spec.shape) or image_layout(list(evaluation.inputs[spec.name].shape[1:]))
+        if layout == "NHWC":
+            progress(f"input {spec.name!r} is an NHWC image (channels last): the data is fed as it is, [N, H, W, C]")
+    passthrough = passthrough_outputs(source.proto)
+    plan = plan_metric(
+        reference, evaluation.labels, request.metric, skip=passthrough, class_labels=source.class_labels,
+        sqnr=request.min_sqnr_db is not None,
+    )  # fmt: skip
+    if plan.note:
+        progress(f"metric {plan.name}: {plan.note}")
+    if plan.skipped:
+        progress(f"outputs {', '.join(plan.skipped)} pass an input through: kept in the bundle, never judged")
+    loaded = SearchRequest.of(
+        source,
+        calib=calib,
+        evaluation=evaluation,
+        reference=reference,
+        plan=plan,
+        data_sha={"calib": sha256_file(request.calib), "eval": sha256_file(request.eval)}
+        | ({"torch": sha256_file(request.torch_model)} if request.torch_model else {}),
+        pins=pins,
+        user_dims=user_dims,
+        torch_model=request.torch_model,
+        outputs=outputs,
+        warnings=warnings,
+        threads=request.threads,
+        custom_op_policy=request.custom_ops,
+    )
+    request.out.mkdir(parents=True, exist_ok=True)
+    results: list[ProfileResult] = []
+    with tempfile.TemporaryDirectory(prefix=".edgefleet-convert-", dir=request.out) as tmp:
+        ws = Workspace(
+            work=Path(tmp),
+            cache=BuildCache(request.cache_dir) if request.cache_dir else None,
+            deadline=time.monotonic() + request.time_budget_s if request.time_budget_s else None,
+            progress=progress,
+        )
+        facts = HostFacts.probe(f for p in request.profiles for f in p.match.files)
+        providers = frozenset(ort.get_available_providers())
+        for index, profile in enumerate(request.profiles, 1):
+            progress(f"[{index}/{len(request.profiles)}] {profile.name}")
+            results.append(_convert_profile(request, loaded, ws, profile, facts, providers, farm))
+        if request.report:
+            progress("writing the conversion report")
+            write_report(request, source, plan.name, results, ws.work)
+    return results
+
+
+def _parse_pins(source: SourceModel, pins: dict[str, str]) -> dict[str, np.ndarray]:
+    specs = {spec.name: spec for spec in source.inputs}
+    parsed: dict[str, np.ndarray] = {}
+    for name, text in pins.items():
+        if name not in specs:
+            raise UserInputError(f"cannot pin {name!r}: the model's inputs are {sorted(specs)}")
+        try:
+            value = np.asarray(json.loads(text), dtype=np.dtype(specs[name].dtype))
+        except (ValueError, TypeError) as err:
+            raise UserInputError(f"pin {name}={text!r}: not a {specs[name].dtype} value ({err})") from err
+        if value.ndim != len(specs[name].shape):
+            raise UserInputError(f"pin {name}={text!r}: rank {value.ndim}, the model wants shape {specs[name].shape}")
+        parsed[name] = value
+    return parsed
+
+
+def _with_pins(runner: Runner, pins: dict[str, np.ndarray]) -> Runner:
+    return runner if not pins else (lambda feeds: runner({**feeds, **pins}))
+
+
+def _check_runs(
+    runnable: Path | onnx.ModelProto,
+    pins: dict[str, np.ndarray],
+    data: Dataset,
+    role: str,
+    path: Path,
+    specs: list[TensorSpec],
+) -> None:
+    """The first sample must run through the source model: catches shapes that only the graph constrains."""
+    runner = _with_pins(ort_runner(runnable), pins)
+    try:
+        runner(data.sample(0))
+    except Exception as err:  # onnxruntime's own errors on bad shapes / dtypes
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise DataError(f"{role} sample 0 does not run through the model: {first}{_shape_hint(specs, path)}") from err
+
+
+def _load(path: Path, specs: list[TensorSpec], role: str) -> Dataset:
+    try:
+        return load_dataset(path, specs, role=role)
+    except DataError as err:
+        hint = _shape_hint(specs, path)
+        if not hint:
+            raise
+        raise DataError(f"{err}{hint}") from err
+
+
+def _shape_hint(specs: list[TensorSpec], path: Path) -> str:
+    """Where the data's per-sample shape differs from a fixed shape the model declares (a placeholder such as
+    [1, 3, 1, 1] or [1, 3, 224, 224] from an export): how to give the real one."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            return ""  # one .npy array: load_dataset's error says what to do
+        with loaded as archive:
+            shapes = {k: list(archive[k].shape[1:]) for k in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return ""
+    hints = []
+    for spec in specs:
+        got = shapes.get(spec.name)
+        if got is None or (len(got) == len(spec.shape) and all(
+            not isinstance(w, int) or w < 0 or w == g for w, g in zip(spec.shape, got, strict=True)
+        )):  # fmt: skip
+            continue
+        layout = image_layout(got)
+        where = f" ({layout} image)" if layout else ""
+        hints.append(f"--input-shape {spec.name}={','.join(str(d) for d in got)}{where}")
+    if not hints:
+        return ""
+    return f"; if the model's declared shape is a placeholder, give the data's real one: {' '.join(hints)}"
+
+
+def checked_outputs(declared: list[TensorSpec], reference: dict[str, np.ndarray]) -> tuple[list[TensorSpec], list[str]]:
+    """The outputs' signature as a real run returns them (the FP32 reference, stacked per sample): a declared
+    fixed dimension, rank or dtype that disagrees is corrected, with a warning each; symbolic dimensions stay."""
+    fixed: list[TensorSpec] = []
+    warnings: list[str] = []
+    for spec in declared:
+        value = reference.get(spec.name)
+        if value is None:
+            fixed.append(spec)
+            continue
+        actual = list(value.shape[1:])
+        dtype = str(value.dtype) if value.dtype.kind not in "OU" else spec.dtype
+        if len(actual) != len(spec.shape):
+            shape: list[int | str | None] = list(actual)
+        else:
+            shape = [
+                a if isinstance(d, int) and d >= 0 and d != a else d for d, a in zip(spec.shape, actual, strict=True)
+            ]
+        if shape != spec.shape or dtype != spec.dtype:
+            warnings.append(
+                f"output {spec.name!r} is declared {spec.dtype} {spec.shape}, but the model returns {dtype} {actual}: "
+                f"the bundle's signature says {dtype} {shape}"
+            )
+            spec = spec.model_copy(update={"shape": shape, "dtype": dtype})
+        fixed.append(spec)
+    return fixed, warnings
+
+
+def _budget(request: ConvertRequest, profile: Profile, plan: MetricPlan) -> Budget:
+    """The user's budget or bar; else the profile's, widened to the default rule's own drop (a mask is judged by
+    0.05 of IoU, not by the 0.01 of accuracy a profile allows a classifier)."""
+    max_drop = request.max_drop if request.max_drop is not None else profile.accuracy_budget.max_drop
+    if request.max_drop is None and request.min_score is None and plan.default_drop is not None:
+        max_drop = max(max_drop, plan.default_drop)
+    return Budget(
+        max_drop=max_drop,
+        min_sqnr_db=request.min_sqnr_db if request.min_sqnr_db is not None else profile.accuracy_budget.min_sqnr_db,
+        min_score=request.min_score,
+    )
+
+
+def _convert_profile(
+    request: ConvertRequest,
+    loaded: SearchRequest,
+    ws: Workspace,
+    profile: Profile,
+    facts: HostFacts,
+    providers: frozenset[str],
+    farm: Farm | None = None,
+) -> ProfileResult:
+    budget = _budget(request, profile, loaded.plan)
+    if request.runtimes is not None:
+        kept = [t for t in profile.targets if t.runtime in request.runtimes]
+        skipped = [t.runtime for t in profile.targets if t.runtime not in request.runtimes]
+        if not kept:
+            why = f"no target with runtimes {list(request.runtimes)} (profile has {skipped})"
+            return _failed(loaded, profile, why)
+        profile = profile.model_copy(update={"targets": kept})
+    try:
+        found = search(loaded, ws, profile, budget, facts, providers, prune=farm is None and request.prune)
+    except ConversionError as err:
+        return _failed(loaded, profile, str(err))
+    assert found.choice is not None
+    on_devices = None
+    if farm is not None:
+        searched = found
+        found, on_devices = choose_on_devices(searched, farm, lambda b, t, s: write_bundle(
+            request, loaded, ws.work, searched, b, t, s, benchmark_only=True), ws.progress)  # fmt: skip
+    assert found.choice is not None
+    chosen = found.choice.chosen
+    report = [asdict(c) for c in ([chosen] if chosen else []) + found.choice.rejected]
+    limits, lines = _rooflines(request, loaded, found, on_devices is not None) if request.report else (None, {})
+    for candidate in report:
+        line = lines.get(str(candidate["name"]), {})
+        candidate["limit_pct"], candidate["bound"] = line.get("limit_pct"), line.get("bound")
+    winner = found.winner()
+    if chosen is None or winner is None:
+        reasons = (
+            "; ".join(found.notes) if not found.candidates else "no candidate met the accuracy budget and size limit"
+        )
+        result = _failed(loaded, profile, reasons)
+        result.candidates, result.notes, result.worst_layers = report, found.notes, found.layer_reports
+        result.roofline, result.limits = lines, limits
+        return result
+    built, target, status = winner.built, winner.target, winner.status
+    ws.progress(f"{profile.name}: signing bundle ({chosen.name})")
+    result = ProfileResult(
+        profile.name, None, None, chosen.name, chosen.accuracy, loaded.ref_value, loaded.plan.name, chosen.latency_ms,
+        chosen.size_bytes, report, format=target.format, runtime=target.runtime, provider=chosen.provider,
+        measured=status.measurable or on_devices is not None, notes=found.notes,
+        passes=[p.model_dump() for p in built.passes], worst_layers=found.layer_reports,
+        farm=on_devices.model_dump(mode="json") if on_devices else None,
+        head_to_head=found.head_to_head.as_dict() if found.head_to_head and on_devices is None else None,
+        roofline=lines, limits=limits,
+    )  # fmt: skip
+    bundle_path, bundle_id = write_bundle(request, loaded, ws.work, found, built, target, status, on_devices)
+    result.bundle, result.bundle_id = str(bundle_path), bundle_id
+    return result
+
+
+def _rooflines(
+    request: ConvertRequest, loaded: SearchRequest, found: ProfileSearch, on_devices: bool
+) -> tuple[dict[str, object] | None, dict[str, dict[str, object]]]:
+    """This machine's limits at the timing's threads (measured once, cached) and each built candidate's roofline
+    (converter.roofline). Figures the devices measured are set against no limit: theirs are not measured."""
+    latency = {c.name: c.latency_ms for c in found.candidates if c.measured}
+    artifacts, seen = [], set()
+    for attempt in found.attempts:
+        built = attempt.built
+        if built.error is not None or built.spec.name in seen or not built.files:
+            continue
+        seen.add(built.spec.name)
+        model = built.model_file
+        graph: Path | onnx.ModelProto | None = (
+            model if model.suffix in (".xml", ".onnx") and built.spec.kind != "coreml" else built.prepared.model
+        )
+        if built.proxy is not None:
+            graph = built.proxy
+        if graph is None:
+            continue
+        artifacts.append(Artifact(built.spec.name, built.spec.runtime, graph, latency.get(built.spec.name),
+                                  built.spec.hint))  # fmt: skip
+    if not artifacts:
+        return None, {}
+    threads = found.threads[0] if found.threads else loaded.threads
+    limits = None if on_devices else machine_limits(threads, request.cache_dir)
+    with phases.phase("roofline"):
+        lines = rooflines(artifacts, loaded.evaluation.sample(0), limits)
+    return (limits.as_dict() if limits else None), lines
+
+
+def _failed(loaded: SearchRequest, profile: Profile, error: str) -> ProfileResult:
+    return ProfileResult(
+        profile.name, None, None, None, None, loaded.ref_value, loaded.plan.name, None, None, error=error
+    )

@@ -1,0 +1,195 @@
+"""The time stage: every candidate inside the budget, at each thread count the profile's devices use, in
+interleaved rounds; a candidate stops being timed once it cannot be the fastest (converter.timing.pruning). Then
+the final round: the best of them re-timed together, and that decides (converter.timing.head_to_head).
+
+Both return what they measured; neither changes the candidates they are given.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from edgefleet.converter import phases
+from edgefleet.converter.runners import Runner
+from edgefleet.converter.search.attempts import Attempt
+from edgefleet.converter.search.choose import Candidate, Choice
+from edgefleet.converter.search.request import SearchRequest, Workspace
+from edgefleet.converter.timing import head_to_head as h2h
+from edgefleet.converter.timing.latency import LatencyStats, interleaved_latency
+from edgefleet.converter.timing.pruning import timing_losers
+from edgefleet.core.errors import ConversionError
+
+TIMING_ROUND_S = 0.4  # per candidate and round: 7 interleaved rounds of about this long
+
+
+@dataclass
+class Timing:
+    """What the time stage measured."""
+
+    threads: list[int]  # thread counts timed at; the first decides the choice
+    latencies: dict[str, LatencyStats] = field(default_factory=dict)  # at the first thread count
+    by_threads: dict[str, dict[int, LatencyStats]] = field(default_factory=dict)
+    stopped: dict[str, str] = field(default_factory=dict)  # candidates timing stopped, and why
+    failed: dict[str, str] = field(default_factory=dict)  # candidates that could not be run for timing, and why
+    runners: dict[str, Runner] = field(default_factory=dict)  # at the first thread count, for the final round
+
+
+def time_candidates(
+    request: SearchRequest, ws: Workspace, profile: str, attempts: Sequence[Attempt], threads: list[int], prune: bool
+) -> Timing:
+    """Time every measurable candidate inside the budget at each thread count in `threads`, all interleaved; with
+    `prune`, a candidate stops being timed once it cannot be the fastest: it is named in `stopped`, with why, and
+    keeps the figures of the rounds it ran."""
+    result = Timing(list(threads))
+    runners: dict[tuple[str, int], Runner] = {}
+    for attempt in attempts:
+        built = attempt.built
+        if not built.passed or not attempt.status.measurable:
+            continue  # failed or outside the budget: it cannot be chosen, so it is not timed
+        if built.spec.name in {n for n, _ in runners} or built.spec.name in result.failed:
+            continue
+        try:
+            for count in threads:
+                runners[(built.spec.name, count)] = built.runner(count, request.output_names)
+        except ConversionError as err:
+            result.failed[built.spec.name] = str(err)
+            runners = {k: v for k, v in runners.items() if k[0] != built.spec.name}
+    if not runners:
+        return result
+    counts = "/".join(str(t) for t in threads)
+    ws.progress(f"{profile}: timing {len(runners)} candidates at {counts} threads, interleaved")
+    first = threads[0]
+    runtime_of = {a.built.spec.name: a.built.spec.runtime for a in attempts}
+
+    def losers(times: dict[str, list[float]]) -> dict[str, str]:
+        found = timing_losers({k.rsplit("@", 1)[0]: v for k, v in times.items() if k.endswith(f"@{first}")})
+        result.stopped.update(found)
+        return {k: found[k.rsplit("@", 1)[0]] for k in times if k.rsplit("@", 1)[0] in found}
+
+    with phases.phase("timing"):
+        timed = interleaved_latency(
+            {f"{n}@{t}": run for (n, t), run in runners.items()},
+            request.evaluation,
+            round_s=TIMING_ROUND_S,
+            prune=losers if prune else None,
+            on_round=lambda done, total: phases.step("timing", done, total, f"{len(runners)} candidates"),
+            runtimes={f"{n}@{t}": runtime_of[n] for n, t in runners},
+        )
+    for (name, count), _run in runners.items():
+        result.by_threads.setdefault(name, {})[count] = timed[f"{name}@{count}"]
+    result.latencies = {name: stats[first] for name, stats in result.by_threads.items() if first in stats}
+    result.runners = {name: run for (name, count), run in runners.items() if count == first}
+    return result
+
+
+@dataclass
+class FinalRound:
+    """The choice after the final round, the figures it changed, and the candidates it refuses as pruned."""
+
+    choice: Choice
+    latencies: dict[str, LatencyStats]
+    by_threads: dict[str, dict[int, LatencyStats]]
+    pruned: dict[str, str] = field(default_factory=dict)  # timing stopped them and they were no finalist: why
+    head_to_head: h2h.HeadToHead | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def final_round(request: SearchRequest, ws: Workspace, profile: str, choice: Choice, timing: Timing) -> FinalRound:
+    """Re-time the best candidates together and let converter.timing.head_to_head decide (`choice` is the timing
+    phase's); candidates the timing phase stopped and that are not finalists are refused as pruned."""
+    out = FinalRound(choice, dict(timing.latencies), {k: dict(v) for k, v in timing.by_threads.items()})
+    pool = ([choice.chosen] if choice.chosen else []) + choice.rejected
+    eligible = {
+        c.name: c
+        for c in pool
+        if c.latency_ms is not None and c.measured and c.name in timing.runners and (c is choice.chosen or _slower(c))
+    }
+    names = h2h.finalists(
+        {n: c.latency_ms or 0.0 for n, c in eligible.items()}, {n: c.runtime for n, c in eligible.items()}
+    )
+    if len(names) >= 2:
+        _head_to_head(request, ws, profile, out, {n: eligible[n] for n in names}, timing)
+    out.pruned = {n: f"pruned: timing stopped early: {why}" for n, why in timing.stopped.items() if n not in names}
+    out.choice = replace(out.choice, rejected=[
+        replace(c, rejected=out.pruned[c.name]) if c.name in out.pruned else c for c in out.choice.rejected
+    ])  # fmt: skip
+    return out
+
+
+def _slower(candidate: Candidate) -> bool:
+    return bool(candidate.rejected and candidate.rejected.startswith("slower"))
+
+
+def _head_to_head(
+    request: SearchRequest,
+    ws: Workspace,
+    profile: str,
+    out: FinalRound,
+    finalists: dict[str, Candidate],
+    timing: Timing,
+) -> None:
+    threads = timing.threads[0]
+    ws.progress(f"{profile}: head to head: {', '.join(finalists)} at {threads} threads")
+    started = time.monotonic()
+    with phases.phase("timing"):
+        every, per_round, runs = h2h.time_finalists(
+            {n: timing.runners[n] for n in finalists},
+            request.evaluation,
+            on_round=lambda done, total: phases.step("timing", done, total, f"head to head of {len(finalists)}"),
+            runtimes={n: c.runtime for n, c in finalists.items()},
+        )
+    traits = {n: h2h.Finalist(n, c.runtime, c.precision, c.size_bytes) for n, c in finalists.items()}
+    decision = h2h.decide(per_round, traits)
+    medians = {n: statistics.median(v) for n, v in per_round.items()}
+    for name in finalists:
+        stats = LatencyStats(medians[name], float(np.percentile(every[name], 90)), len(every[name]))
+        out.latencies[name] = stats
+        out.by_threads.setdefault(name, {})[threads] = stats
+    rounds = len(next(iter(per_round.values())))
+    record = h2h.HeadToHead(threads=threads, rounds=rounds, warmup_runs=h2h.WARMUP_RUNS)
+    record.finalists = [
+        {"name": n, "runtime": c.runtime, "precision": c.precision, "size_bytes": c.size_bytes,
+         "timing_phase_median_ms": c.latency_ms, "median_ms": medians[n], "runs_per_round": runs[n],
+         "round_medians_ms": [round(v, 4) for v in per_round[n]]}
+        for n, c in finalists.items()
+    ]  # fmt: skip
+    record.fastest, record.within_noise = decision.fastest, list(decision.tied[1:])
+    record.chosen, record.why, record.seconds = decision.winner, decision.why, time.monotonic() - started
+    out.head_to_head = record
+    out.notes.append(f"head to head ({rounds} rounds, {threads} threads): {decision.winner}: {decision.why}")
+    out.choice = apply(out.choice, decision, medians)
+
+
+def apply(choice: Choice, decision: h2h.Decision, medians: Mapping[str, float]) -> Choice:
+    """`choice` (the timing phase's) with the head to head's winner: each finalist's latency becomes its median
+    there, and a finalist that lost says how; the other candidates keep their reasons."""
+    pool = ([choice.chosen] if choice.chosen else []) + choice.rejected
+    won = medians[decision.winner]
+    winner, rejected = None, []
+    for cand in pool:
+        if cand.name not in medians:
+            rejected.append(cand)
+            continue
+        cand = replace(cand, latency_ms=medians[cand.name], rejected=None)
+        ratio = medians[cand.name] / won
+        if cand.name == decision.winner:
+            winner = cand
+        elif cand.name in decision.tied:
+            rejected.append(replace(cand, rejected=(
+                f"slower or tied head to head: {medians[cand.name]:.3f} ms median vs {won:.3f} ms for "
+                f"{decision.winner} ({ratio:.2f}x), within the noise of the fastest ({decision.fastest}); the "
+                f"tie-break ({h2h.TIE_BREAK}) prefers {decision.winner}"
+            )))  # fmt: skip
+        else:
+            rejected.append(replace(cand, rejected=(
+                f"slower head to head: {medians[cand.name]:.3f} ms median vs {won:.3f} ms for {decision.winner} "
+                f"({ratio:.2f}x)"
+            )))  # fmt: skip
+    if winner is None:
+        raise ValueError(f"the head to head's winner {decision.winner} is not among the candidates")
+    return Choice(winner, rejected, choice.accuracy_floor)
