@@ -19,17 +19,17 @@ from typing import Any
 import numpy as np
 
 from edgefleet import demo_assets
-from edgefleet.control.fleet import DeviceRow, FleetView
-from edgefleet.control.keyring import HostKeys
-from edgefleet.control.keyring import init as init_keys
-from edgefleet.control.publish import deploy, publish_bundle
-from edgefleet.control.remote import RemoteModel
+from edgefleet.control.credentials.keyring import HostKeys
+from edgefleet.control.credentials.keyring import init as init_keys
+from edgefleet.control.fleet.remote import RemoteModel
+from edgefleet.control.fleet.status import DeviceRow, FleetView
+from edgefleet.control.publish.publisher import deploy, publish_bundle
 from edgefleet.core.errors import EdgefleetError
-from edgefleet.core.mqtt import Connection
+from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.profiles import get_profile
-from edgefleet.core.signing import SigningKey
 from edgefleet.core.tensors import Dataset, load_dataset
 from edgefleet.core.topics import Topics
+from edgefleet.core.trust.signing import SigningKey
 from edgefleet.demo_assets import CALIB, EVAL, MODEL
 
 # (device id, profile, group): two VNNI machines share a group, the generic one is addressed directly.
@@ -72,7 +72,7 @@ def _broker(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from edgefleet.control.embedded_broker import EmbeddedBroker
+    from edgefleet.control.broker.embedded import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         yield broker.url
@@ -124,8 +124,7 @@ def _agents(url: str, workdir: Path, public_key: Path) -> Iterator[list[subproce
 
 
 def run_demo(broker_url: str | None, workdir: Path | None, step: Step) -> DemoResult:
-    from edgefleet.converter.build import ConvertRequest, convert
-    from edgefleet.converter.model import load_model
+    from edgefleet.converter import ConvertRequest, convert, load_model
 
     started = time.monotonic()
     work = workdir or Path(tempfile.mkdtemp(prefix="edgefleet-demo-"))

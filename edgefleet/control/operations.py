@@ -14,11 +14,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgefleet.control.registry import parse_labels, require_members
-from edgefleet.control.rollout import BundleRef, RolloutDoc, RolloutSpec, RolloutSpecError
-from edgefleet.control.rollout_engine import load_doc, make_spec, prepare_rollout, request, to_row
-from edgefleet.control.store import FLEET_TARGET, BundleRecord, Deployment, DeviceRecord, Scope, Store
-from edgefleet.control.store_operator import AuditEntry
+from edgefleet.control.fleet.registry import parse_labels
+from edgefleet.control.rollout.commands import rollout_targets
+from edgefleet.control.rollout.engine import load_doc, make_spec, prepare_rollout, request, to_row
+from edgefleet.control.rollout.finish import can_roll_back
+from edgefleet.control.rollout.plan import BundleRef, RolloutDoc, RolloutSpec, RolloutSpecError
+from edgefleet.control.store import FLEET_TARGET, AuditEntry, BundleRecord, Deployment, DeviceRecord, Scope, Store
 from edgefleet.core.errors import UnknownNameError, UserInputError
 from edgefleet.core.topics import check_segment
 
@@ -116,8 +117,8 @@ def rollout_spec(
 
 
 def check_rollout(store: Store, spec: RolloutSpec) -> None:
-    """Fail before anything is published: the group must have devices."""
-    require_members(spec.group, store.groups(), store.devices())
+    """Fail before anything is published: the group must have devices by the host's records."""
+    rollout_targets(store, spec.group)
 
 
 def start_rollout(store: Store, who: Operator, spec: RolloutSpec) -> RolloutDoc:
@@ -140,7 +141,8 @@ def rollout_command(store: Store, who: Operator, rollout_id: str, command: str) 
 
 def rollback_rollout(store: Store, who: Operator, rollout_id: str) -> RolloutDoc:
     """Return the rollout's devices to what they ran before: an active rollout is aborted (the engine rolls back
-    every device it touched); a succeeded one has its group deployments put back to the previous bundles."""
+    every device it touched); a succeeded one has its group deployments put back to the previous bundles; an ended
+    one whose devices are still on its bundle (a rollback that timed out) has them pinned back again."""
     with audited(store, who, "rollout.rollback", rollout_id) as audit:
         row = store.rollout(rollout_id)
         if row is None:
@@ -149,41 +151,47 @@ def rollback_rollout(store: Store, who: Operator, rollout_id: str) -> RolloutDoc
         if doc.active:
             audit.detail["how"] = "abort"
             return request(store, rollout_id, "abort")
-        if doc.state != "succeeded":
-            raise RolloutSpecError(f"rollout {rollout_id} ended {doc.state}; its devices are not on its bundles")
+        if not can_roll_back(doc):
+            raise RolloutSpecError(
+                f"rollout {rollout_id} ended {doc.state}; none of its devices is left on its bundles with a bundle to "
+                "go back to"
+            )
         audit.detail["how"] = "revert"
         audit.detail["reverted"] = _revert(store, doc)
         return doc
 
 
 def _revert(store: Store, doc: RolloutDoc) -> dict[str, str | None]:
-    """Pin each device the rollout moved back to its previous bundle (rollback allowed) and drop the group
-    deployments the rollout made; returns device id → the bundle it goes back to (None: it ran none)."""
+    """Pin each device the rollout left on its bundle back to its rollback target (rollback allowed; the store's
+    record of it, never a device's report) and drop the group deployments the rollout made; returns device id →
+    the bundle it goes back to (None: it has none, and keeps what it runs)."""
     now = time.time()
     source = f"rollback:{doc.id}"
+    succeeded = doc.state == "succeeded"
     reverted: dict[str, str | None] = {}
     for p in doc.devices.values():
         if p.deployed_at is None or p.profile is None or p.previous_bundle == p.target_bundle:
             continue
-        reverted[p.device_id] = p.previous_bundle
-        if p.previous_bundle is None:
+        if not succeeded and p.state != "rollback-timed-out":
+            continue  # already back, kept, or it never installed the bundle
+        known = store.bundle(p.previous_bundle) if p.previous_bundle is not None else None
+        reverted[p.device_id] = known.bundle_id if known else None
+        if known is None:
             store.delete_deployment("device", p.device_id, p.profile)
             continue
-        known = store.bundle(p.previous_bundle)
-        name, _, version = (p.previous_model or "").rpartition("@")
         store.put_deployment(
             Deployment(
-                scope="device", target=p.device_id, profile=p.profile, bundle_id=p.previous_bundle,
-                model_name=known.model_name if known else name or "unknown",
-                model_version=known.model_version if known else version or "0",
-                rollback=True, source=source, updated_at=now,
+                scope="device", target=p.device_id, profile=p.profile, bundle_id=known.bundle_id,
+                model_name=known.model_name, model_version=known.model_version, rollback=True, source=source,
+                updated_at=now,
             )
         )  # fmt: skip
     for d in store.deployments():
         if d.scope == "group" and d.target == doc.spec.group and d.source == f"rollout:{doc.id}":
             store.delete_deployment("group", d.target, d.profile)
     doc.state, doc.ends_as = "rolled-back", None
-    doc.outcome = f"rolled back by an operator after it succeeded ({len(reverted)} devices)"
+    after = "succeeded" if succeeded else "ended"
+    doc.outcome = f"rolled back by an operator after it {after} ({len(reverted)} devices)"
     doc.note(now, doc.outcome)
     doc.updated_at = now
     store.save_rollout(to_row(doc))

@@ -1,5 +1,9 @@
 """`edgefleet control serve`: ingestion, the rollout engine, desired-state sync, compaction and the dashboard.
 
+The engine's loops (the rollout engine, the desired-state sync, the broker-rights sync) each keep a `LoopHealth`
+that this instance writes to the store (edgefleet/control/health.py): `edgefleet control status`, the dashboard
+and `/metrics` of any instance show when one fails or stalls.
+
 Several processes may run against one broker and one store: each ingests its share of telemetry and
 events (shared subscriptions); the one holding the engine lease runs rollouts and publishes desired
 state, through a store view fenced by its lease term (`leadership`); a process that dies loses the lease
@@ -17,18 +21,27 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
-from edgefleet.control.broker_rights import RightsMode, open_rights
-from edgefleet.control.dashboard import DashboardServer
-from edgefleet.control.desired import DesiredPublisher
-from edgefleet.control.ingest import INGEST_IN_FLIGHT, Ingestor
+from edgefleet.control.broker.janitor import RetainedJanitor
+from edgefleet.control.dashboard.server import DashboardServer
+from edgefleet.control.desired.sync import DesiredPublisher
+from edgefleet.control.fleet.ingest import INGEST_IN_FLIGHT, Ingestor
+from edgefleet.control.health import (
+    DESIRED_SYNC,
+    ENGINE,
+    INGEST,
+    INGEST_INTERVAL_S,
+    RIGHTS_SYNC,
+    HealthBoard,
+    LoopHealth,
+)
 from edgefleet.control.leadership import Leadership
-from edgefleet.control.retained_janitor import RetainedJanitor
-from edgefleet.control.rollout_engine import ENGINE_LEASE, RolloutEngine
-from edgefleet.control.store import Fence, FencedOut, Store
-from edgefleet.control.store_open import open_store
+from edgefleet.control.rights.sync import RightsMode, open_rights
+from edgefleet.control.rollout.engine import ENGINE_LEASE, RolloutEngine
+from edgefleet.control.store import AlertRecord, Fence, FencedOut, QuotaCut, Store, open_store
 from edgefleet.core.errors import EdgefleetError
-from edgefleet.core.mqtt import Connection, Protocol, TlsFiles
+from edgefleet.core.mqtt.connection import Connection, Protocol, TlsFiles
 from edgefleet.core.topics import DEFAULT_PREFIX, Topics
+from edgefleet.core.untrusted import safe_text
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +69,9 @@ class ControlConfig:
     bucket_s: float = 60.0
     rollup_retention_s: float = 30 * 86400.0
     event_retention_s: float = 30 * 86400.0
-    broker_rights: RightsMode = "auto"  # see edgefleet.control.broker_rights
+    device_store_bytes: int = 256 * 2**20  # retention by bytes: what one device may hold in the store (0: no cap)
+    quota_every_s: float = 600.0  # how often the devices' bytes are measured (store/quota.py)
+    broker_rights: RightsMode = "auto"  # see edgefleet.control.rights.sync
     retained_sweep_s: float = 10.0  # clear retained messages devices leave outside their status (0: never)
 
 
@@ -77,7 +92,16 @@ class ControlPlane:
         )
         self.ingestor: Ingestor | None = None
         self.publisher = DesiredPublisher(self.conn, self.topics, self.store)
-        self.engine = RolloutEngine(self.store, self.publisher)
+        now = time.time()
+        self.loops = {
+            ENGINE: LoopHealth(ENGINE, config.tick_s, active=False, now=now),
+            DESIRED_SYNC: LoopHealth(DESIRED_SYNC, config.sync_every_s, active=False, now=now),
+            RIGHTS_SYNC: LoopHealth(RIGHTS_SYNC, config.sync_every_s, active=False, now=now),
+            INGEST: LoopHealth(INGEST, INGEST_INTERVAL_S, now=now),
+        }
+        self.publisher.rights_health = self.loops[RIGHTS_SYNC]
+        self.engine = RolloutEngine(self.store, self.publisher, health=self.loops[ENGINE])
+        self.health: HealthBoard | None = None
         self.dashboard: DashboardServer | None = None
         self.leadership = Leadership(self.store, ENGINE_LEASE, self.holder, config.lease_ttl_s)
         self._stop = threading.Event()
@@ -90,7 +114,8 @@ class ControlPlane:
 
     def start(self, wait: float = 10.0) -> ControlPlane:
         if self.config.ingest:
-            self.ingestor = Ingestor(self.conn, self.topics, self.store, share_group=self.config.share_group)
+            self.ingestor = Ingestor(self.conn, self.topics, self.store, share_group=self.config.share_group,
+                                     health=self.loops[INGEST])  # fmt: skip
             self.ingestor.start()  # subscriptions are made on connect
         self.conn.start(wait=wait)
         if self.ingestor is not None:
@@ -98,9 +123,21 @@ class ControlPlane:
         self.publisher.rights = open_rights(self.conn, self.topics, self.config.broker_rights)
         if self.config.http_port is not None:
             self.dashboard = DashboardServer(
-                self.store, self.config.http_host, self.config.http_port, self.config.http_tls
+                self.store,
+                self.config.http_host,
+                self.config.http_port,
+                self.config.http_tls,
+                local_metrics=self.local_metrics,
             ).start()
             log.info("dashboard on %s", self.dashboard.url)
+        loops = [self.loops[ENGINE], self.loops[DESIRED_SYNC]] if self.config.engine else []
+        if self.config.engine and self.publisher.rights.managed:
+            loops.append(self.loops[RIGHTS_SYNC])
+        if self.ingestor is not None:
+            loops.append(self.loops[INGEST])
+        if loops:
+            board = self.health = HealthBoard(self.store, self.holder, loops)
+            self._spawn("loop-health", lambda: board.run(self._stop))
         if self.config.engine:
             self._spawn("engine-lease", self._lease_loop)
             self._spawn("rollout-engine", self._engine_loop)
@@ -123,6 +160,11 @@ class ControlPlane:
         self._stop.set()
         for thread in self._threads:
             thread.join(10)
+        if self.health is not None:  # a clean stop: this instance's loops are gone, not stalled
+            try:
+                self.store.repos.health.drop_health(self.holder)
+            except Exception as err:  # a store that is away never fails a stop: the rows read "gone" in 10 min
+                log.warning("cannot drop this instance's loop health: %s", err)
         if self.leader:
             try:
                 self.leadership.release()
@@ -136,6 +178,13 @@ class ControlPlane:
         if self.dashboard is not None:
             self.dashboard.stop()
         self.store.close()
+
+    def local_metrics(self) -> dict[str, float]:
+        """This process's own figures for /metrics: ingestion's backlog (what the store does not hold yet)."""
+        if self.ingestor is None:
+            return {}
+        waiting, oldest_s = self.ingestor.backlog()
+        return {"ingest_backlog_messages": waiting, "ingest_backlog_oldest_seconds": round(oldest_s, 3)}
 
     @property
     def leader(self) -> bool:
@@ -163,20 +212,30 @@ class ControlPlane:
         last_sync = last_sweep = 0.0
         janitor = RetainedJanitor(self.conn, self.topics)
         current: Fence | None = None
+        engine, desired = self.loops[ENGINE], self.loops[DESIRED_SYNC]
         while not self._stop.is_set():
             fence, fenced = self.leadership.term()
+            for name in (ENGINE, DESIRED_SYNC, RIGHTS_SYNC):  # ingest runs on every instance
+                self.loops[name].set_active(fence is not None, time.time())
             try:
                 if fence is not None and fenced is not None and fence != current:  # a new term: fenced writers
                     rights = self.publisher.rights
                     self.publisher = DesiredPublisher(self.conn, self.topics, fenced)
-                    self.publisher.rights = rights
-                    self.engine = RolloutEngine(fenced, self.publisher)
+                    self.publisher.rights, self.publisher.rights_health = rights, self.loops[RIGHTS_SYNC]
+                    self.engine = RolloutEngine(fenced, self.publisher, health=engine)
                     last_sync = 0.0
                 current = fence
                 if fence is not None and self.conn.connected:
                     if time.monotonic() - last_sync >= self.config.sync_every_s:
                         last_sync = time.monotonic()
-                        self.publisher.sync()
+                        try:
+                            self.publisher.sync()
+                            desired.ticked(time.time())
+                        except FencedOut:
+                            raise
+                        except Exception as err:  # the rollouts still step; the next sync retries
+                            desired.failed(time.time(), f"desired-state sync: {err}")
+                            log.exception("desired-state sync failed")
                     self.engine.tick()
                     managed = self.publisher.rights.managed  # on an open broker a sweep is pointless
                     if managed and 0 < self.config.retained_sweep_s <= time.monotonic() - last_sweep:
@@ -184,11 +243,13 @@ class ControlPlane:
                         last_sweep = time.monotonic()
             except FencedOut as err:
                 self.leadership.step_down(str(err), fence)
-            except Exception:  # the engine outlives a busy store or a broker hiccup; the next tick retries
+            except Exception as err:  # the engine outlives a busy store or a broker hiccup; the next tick retries
+                engine.failed(time.time(), f"rollout engine tick: {err}")
                 log.exception("rollout engine tick failed")
             self._stop.wait(self.config.tick_s)
 
     def _compact_loop(self) -> None:
+        last_quota = time.monotonic()
         while not self._stop.wait(self.config.compact_every_s):
             try:
                 c = self.config
@@ -198,8 +259,33 @@ class ControlPlane:
                 )  # fmt: skip
                 if result.downsampled_reports or result.deleted_rollups or result.deleted_events:
                     log.info("compaction: %s", result)
+                if c.device_store_bytes and time.monotonic() - last_quota >= c.quota_every_s:
+                    last_quota = time.monotonic()
+                    self.enforce_quota()
             except Exception:
                 log.exception("compaction failed")
+
+    def enforce_quota(self) -> list[QuotaCut]:
+        """Retention by bytes: cut each device holding more than `device_store_bytes` back (store/quota.py),
+        counted (`ingest.quota_deleted`) and raised as a `device-over-quota` alert per device."""
+        cuts = self.store.enforce_device_quota(self.config.device_store_bytes)
+        if not cuts:
+            return cuts
+        now = time.time()
+        self.store.add_counters({"ingest.quota_deleted": sum(sum(c.deleted.values()) for c in cuts)})
+        alerts = []
+        for c in cuts:
+            deleted = ", ".join(f"{table} {n}" for table, n in sorted(c.deleted.items()))
+            alerts.append(AlertRecord(
+                device_id=c.device_id, ts=now, kind="device-over-quota", subject="store", level="warning",
+                bundle_id=None, detail=f"held {c.held_bytes} bytes in the store, over its "
+                f"{self.config.device_store_bytes}: its oldest rows deleted ({deleted})",
+            ))  # fmt: skip
+        self.store.add_alerts(alerts, now)
+        for c in cuts:
+            log.warning("device %s held %d bytes in the store, over its quota: oldest rows deleted %s",
+                        safe_text(c.device_id), c.held_bytes, c.deleted)  # fmt: skip
+        return cuts
 
     def __enter__(self) -> ControlPlane:
         return self.start()

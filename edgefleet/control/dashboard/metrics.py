@@ -1,0 +1,83 @@
+"""The dashboard's `/metrics` page (Prometheus text format 0.0.4): the control plane's loops, its counters, and
+the dashboard server's own.
+
+    edgefleet_control_engine_running                        1 when the lease is live and no loop of its holder stalled
+    edgefleet_control_loop_active{instance,loop}            1 where the loop runs (the lease holder)
+    edgefleet_control_loop_stalled{instance,loop}           1 after 3 intervals without completing (health.py)
+    edgefleet_control_loop_errors_per_minute{instance,loop}
+    edgefleet_control_loop_last_completed_age_seconds{instance,loop}   absent when it never completed
+    edgefleet_control_counter_total{counter}                the store's counters (ingest.*: stored, refused, ...)
+    edgefleet_dashboard_connections_closed_total{reason}    idle or slow requests the server closed (server.py)
+    edgefleet_dashboard_throttled_total                     attempts answered 429 by this process's throttle
+    edgefleet_ingest_backlog_messages                       this instance: received, not stored yet
+    edgefleet_ingest_backlog_oldest_seconds                 this instance: how long the oldest has waited
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from edgefleet.control.health import engine_summary, health_report
+from edgefleet.control.rollout.engine import ENGINE_LEASE
+from edgefleet.control.store import Store
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _label(value: object) -> str:
+    text = str(value)
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _family(lines: list[str], name: str, kind: str, text: str) -> None:
+    lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+
+
+_LOCAL = {
+    "ingest_backlog_messages": "messages this instance received and has not stored yet",
+    "ingest_backlog_oldest_seconds": "how long the oldest of them has waited",
+}
+
+
+def metrics_page(
+    store: Store, server_stats: Mapping[str, int], throttled: int, local: Mapping[str, float] | None = None
+) -> tuple[bytes, str]:
+    """The page; `local`: this process's own gauges (`_LOCAL`: the control plane's ingest backlog)."""
+    now = time.time()
+    report = health_report(store, now)
+    engine = engine_summary(store.lease(ENGINE_LEASE), report, now)
+    lines: list[str] = []
+    _family(lines, "edgefleet_control_engine_running", "gauge", "1 when the rollout engine runs and no loop stalled")
+    lines.append(f"edgefleet_control_engine_running {int(engine['state'] == 'running')}")
+    per_loop = [
+        ("active", "1 where the loop runs now", lambda r: int(bool(r["active"]))),
+        ("stalled", "1 when the loop has not completed for 3 intervals", lambda r: int(r["state"] == "stalled")),
+        ("errors_per_minute", "errors the loop caught in the last minute", lambda r: r["errors_per_min"]),
+    ]
+    for suffix, text, value in per_loop:
+        name = f"edgefleet_control_loop_{suffix}"
+        _family(lines, name, "gauge", text)
+        for r in report:
+            lines.append(f'{name}{{instance="{_label(r["instance"])}",loop="{_label(r["component"])}"}} {value(r)}')
+    name = "edgefleet_control_loop_last_completed_age_seconds"
+    _family(lines, name, "gauge", "seconds since the loop last completed")
+    for r in report:
+        if r["last_tick"] is not None:
+            age = max(0.0, now - float(r["last_tick"]))  # type: ignore[arg-type]
+            lines.append(f'{name}{{instance="{_label(r["instance"])}",loop="{_label(r["component"])}"}} {age:.3f}')
+    name = "edgefleet_control_counter_total"
+    _family(lines, name, "counter", "the control plane's counters in the store")
+    for counter, count in sorted(store.counters().items()):
+        lines.append(f'{name}{{counter="{_label(counter)}"}} {int(count)}')
+    name = "edgefleet_dashboard_connections_closed_total"
+    _family(lines, name, "counter", "connections the dashboard server closed before a whole request arrived")
+    for reason in ("request_deadline",):
+        lines.append(f'{name}{{reason="{reason}"}} {int(server_stats.get(reason, 0))}')
+    _family(lines, "edgefleet_dashboard_throttled_total", "counter", "attempts answered 429 by the throttle")
+    lines.append(f"edgefleet_dashboard_throttled_total {int(throttled)}")
+    for key, gauge in sorted((local or {}).items()):
+        if key in _LOCAL:
+            _family(lines, f"edgefleet_{key}", "gauge", _LOCAL[key])
+            lines.append(f"edgefleet_{key} {gauge:g}")
+    return ("\n".join(lines) + "\n").encode(), CONTENT_TYPE

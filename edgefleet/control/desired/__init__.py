@@ -1,0 +1,1 @@
+"""Desired state: resolved per device and published as signed, counted, expiring documents."""

@@ -1,0 +1,162 @@
+"""Desired state, materialised: each device's resolved deployment becomes its retained `desired` topic.
+
+Host-side groups and label selectors exist only on the host, and agents take a device's own desired
+topic over any group topic; so the control plane resolves every device (`registry.resolve_desired`) and
+publishes the result per device, retained, signed by the ops key (`desired_signing.publish_desired`). It
+remembers what it published (in the store) and publishes again when the bundle or the rollback flag changes (or the
+registry's link cap for the device, `devices enroll --max-bytes-per-s`, which this process remembers), and
+re-signs (same decision, same `issued_at`, new counter and expiry) once half of a document's lifetime has passed,
+so devices never see it go stale while the control plane runs. Keeping `issued_at` means a re-signed document
+does not make an agent retry a bundle it refused. A device whose deployments all went away gets a signed "no
+desired state" document on its topic (devices ignore an unsigned empty message).
+Devices the control plane never published to are left alone (they may be managed with `edgefleet deploy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import paho.mqtt.client as paho
+
+from edgefleet.control.credentials.keyring import HostKeys
+from edgefleet.control.desired.signing import DEFAULT_TTL_S, clear_desired, publish_desired
+from edgefleet.control.fleet.registry import link_cap, memberships, resolve_desired
+from edgefleet.control.health import LoopHealth
+from edgefleet.control.rights.documents import DesiredWatch, load_root
+from edgefleet.control.rights.sync import BrokerRights, NoBrokerRights, device_grants
+from edgefleet.control.store import Deployment, DeviceRecord, PublishedDesired, Store
+from edgefleet.core.errors import BrokerError
+from edgefleet.core.messages import Desired
+from edgefleet.core.mqtt.connection import Connection
+from edgefleet.core.topics import Topics
+
+log = logging.getLogger(__name__)
+
+ACK_TIMEOUT_S = 30.0
+IN_FLIGHT_S = 120.0  # after this an unacknowledged publish is given up (a lost session) and published again
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    published: list[str]
+    cleared: list[str]
+
+
+def plan_desired(store: Store, devices: list[DeviceRecord] | None = None) -> dict[str, Deployment | None]:
+    """device id → the deployment that applies to it now (None: none does)."""
+    devices = store.devices() if devices is None else devices
+    groups = store.groups()
+    deployments = store.deployments()
+    extra = {d.target for d in deployments if d.scope == "group"}
+    member = memberships(groups, devices, extra)
+    return {d.device_id: resolve_desired(d, deployments, groups, member[d.device_id]) for d in devices}
+
+
+def _what(d: Deployment | PublishedDesired) -> tuple[str, bool, str | None]:
+    """What a device is told: a change to any of it is published again."""
+    return d.bundle_id, d.rollback, d.shadow_bundle_id
+
+
+class DesiredPublisher:
+    """Publishes desired state. A publish the broker has not acknowledged yet stays in flight (for up to
+    `IN_FLIGHT_S`) and is not published again by the next sync: under load (thousands of devices after a group
+    change) re-publishing everything unacknowledged would queue ever more copies behind the first."""
+
+    rights: BrokerRights = NoBrokerRights("no rights manager configured")  # the control plane sets its own
+    watch: DesiredWatch | None = None  # the retained documents rights also follow (made on the first managed sync)
+    rights_health: LoopHealth | None = None  # the broker-rights sync's record (the control plane sets its own)
+
+    def __init__(
+        self, conn: Connection, topics: Topics, store: Store, keys: HostKeys | None = None, ttl_s: float = DEFAULT_TTL_S
+    ) -> None:
+        self.conn, self.topics, self.store = conn, topics, store
+        self.keys, self.ttl_s = keys or HostKeys.default(), ttl_s
+        self._signed_at: dict[str, float] = {}  # device -> when its document was last signed (this process)
+        self._in_flight: dict[str, tuple[PublishedDesired | None, paho.MQTTMessageInfo, float]] = {}
+        self._cap_sent: dict[str, int | None] = {}  # device -> the link cap in its last signed document (this process)
+
+    def _flying(self, device_id: str) -> tuple[bool, PublishedDesired | None]:
+        """(something is on its way to the device, what: a record, or None for a clear)."""
+        flying = self._in_flight.get(device_id)
+        if flying is None or time.monotonic() - flying[2] > IN_FLIGHT_S:
+            return False, None
+        return True, flying[0]
+
+    def sync(self) -> SyncReport:
+        """Publish what changed since the last sync; returns the devices published to and cleared."""
+        devices = self.store.devices()
+        plan = plan_desired(self.store, devices)
+        caps = {d.device_id: link_cap(d) for d in devices}
+        if self.rights.managed:  # first: no device hears of a bundle it may not read (broker_rights.py)
+            self.watch = self.watch or DesiredWatch(self.conn, self.topics, load_root(self.keys.root_public()))
+            try:
+                self.rights.follow(device_grants(self.store, plan, self.watch.documents()))
+            except Exception as err:  # nothing is published this time: no device hears of a bundle it cannot read
+                if self.rights_health is not None:
+                    self.rights_health.failed(time.time(), f"broker-rights sync: {err}")
+                raise
+            if self.rights_health is not None:
+                self.rights_health.ticked(time.time())
+        published = self.store.published()
+        for device_id, want in sorted(plan.items()):
+            have = published.get(device_id)
+            in_flight, flying = self._flying(device_id)
+            if want is None:
+                if have is not None and not (in_flight and flying is None):
+                    info = clear_desired(self.conn, self.topics, self.keys, device=device_id, ttl_s=self.ttl_s)
+                    self._in_flight[device_id] = (None, info, time.monotonic())
+                continue
+            fresh = time.time() - self._signed_at.get(device_id, 0.0) < self.ttl_s / 2
+            cap = caps.get(device_id)
+            same_cap = device_id in self._cap_sent and self._cap_sent[device_id] == cap
+            if have is not None and _what(have) == _what(want) and fresh and same_cap:
+                continue
+            if flying is not None and _what(flying) == _what(want) and same_cap:
+                continue  # on its way
+            # The same decision on the served bundle keeps its issued_at: a refused bundle is not retried.
+            same = have is not None and (have.bundle_id, have.rollback) == (want.bundle_id, want.rollback)
+            desired = Desired(
+                bundle_id=want.bundle_id,
+                model_name=want.model_name,
+                model_version=want.model_version,
+                profile=want.profile,
+                rollback=want.rollback,
+                shadow_bundle_id=want.shadow_bundle_id,
+                max_bytes_per_s=cap,
+                **({"issued_at": have.issued_at} if same and have is not None else {}),
+            )
+            info = publish_desired(self.conn, self.topics, self.keys, desired, device=device_id, ttl_s=self.ttl_s)
+            self._signed_at[device_id], self._cap_sent[device_id] = time.time(), cap
+            sent = PublishedDesired(device_id, want.bundle_id, want.rollback, desired.issued_at, want.shadow_bundle_id)
+            self._in_flight[device_id] = (sent, info, time.monotonic())
+        report = SyncReport([], [])
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        acked: list[tuple[str, PublishedDesired | None]] = []
+        try:
+            for device_id, (record, info, _) in list(self._in_flight.items()):
+                if not info.is_published():
+                    with contextlib.suppress(RuntimeError, ValueError):  # not sent yet (disconnected): paho resends
+                        info.wait_for_publish(max(0.0, deadline - time.monotonic()))
+                if info.is_published():
+                    acked.append((device_id, record))
+                    del self._in_flight[device_id]
+        finally:
+            self.store.set_published_many(acked)  # one transaction for all (5,000 devices after a group change)
+        for device_id, record in acked:
+            (report.published if record else report.cleared).append(device_id)
+            if record:
+                shadow = f" (shadow {record.shadow_bundle_id})" if record.shadow_bundle_id else ""
+                rollback = " (rollback)" if record.rollback else ""
+                log.info("desired for %s: %s%s%s", device_id, record.bundle_id, rollback, shadow)
+            else:
+                log.info("desired for %s cleared", device_id)
+        if self._in_flight:
+            first = min(self._in_flight)
+            raise BrokerError(
+                f"the broker did not acknowledge the desired bundle of {len(self._in_flight)} device(s) within "
+                f"{ACK_TIMEOUT_S:g} s (first: {first}); the next sync waits for them"
+            )
+        return report

@@ -1,0 +1,190 @@
+"""The trust boundary for what devices say: every report is admitted here, once, before anything stores it.
+
+A device is untrusted input to the control plane (one stolen certificate is enough to send anything on that
+device's own topics). Ingestion hands each message to `Admission` twice:
+
+1. `budget(device_id, size, now)` before decoding: a message larger than `Limits.max_message_bytes` is refused
+   ("oversized"), and each device has a token bucket of messages and one of bytes (`messages_per_s` and
+   `bytes_per_s` sustained, `burst_messages` and `burst_bytes` at once). What exceeds them is dropped and
+   counted ("over-budget"); the first drop of a device in a minute raises a `device-over-budget` alert. The
+   defaults take a device catching up after an outage (its spool re-sends at most 50 reports a second) and
+   refuse a flood.
+2. `admit(message)` after decoding: identifiers must match the id grammar (bundle ids, group names, profiles,
+   hostnames: `core.topics.check_segment`; output, input and error-kind names the name grammar below), lists
+   and maps are capped, and free text (event details, last errors, provider notes) is cut to
+   `Limits.max_text`. An identifier that breaks its grammar refuses the whole message ("invalid", with the
+   reason); over-long text is cut, never refused. What is stored is the admitted copy.
+
+A refused message is acknowledged to the broker and never stored: a device that sends it again is refused
+again. Its number is still accounted for in the device's `StoredUpTo` (it will never be stored), so the
+device's spool moves on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from edgefleet.core.messages import DeviceStatus, Event, Message, OutputScore, Telemetry
+from edgefleet.core.topics import check_segment
+
+M = TypeVar("M", bound=Message)
+
+# Output, input and drift names (`name[c]` for a channel), error kinds: what ONNX graphs name tensors with.
+_NAME = re.compile(r"^[A-Za-z0-9_.:/\-\[\]]{1,128}$")
+
+
+class AdmissionError(ValueError):
+    """A message that breaks the boundary's rules; the reason names the field."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 64 * 1024
+    messages_per_s: float = 60.0
+    burst_messages: int = 3000
+    bytes_per_s: float = 512 * 1024
+    burst_bytes: int = 16 * 1024 * 1024
+    max_text: int = 2000
+    max_items: int = 64  # groups, providers, golden scores, error kinds, an output's figures
+    max_drift: int = 512  # drift scores per report (inputs and outputs, per channel)
+    alert_every_s: float = 60.0
+
+
+@dataclass
+class _Bucket:
+    messages: float
+    bytes: float
+    at: float
+
+
+@dataclass
+class Admission:
+    limits: Limits = field(default_factory=Limits)
+    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    _alerted: dict[str, float] = field(default_factory=dict)
+
+    def budget(self, device_id: str, size: int, now: float) -> str | None:
+        """None when the message may be decoded; else why not ("oversized", "over-budget")."""
+        lim = self.limits
+        if size > lim.max_message_bytes:
+            return "oversized"
+        bucket = self._buckets.get(device_id)
+        if bucket is None:
+            bucket = self._buckets[device_id] = _Bucket(lim.burst_messages, lim.burst_bytes, now)
+        elapsed = max(0.0, now - bucket.at)
+        bucket.at = now
+        bucket.messages = min(lim.burst_messages, bucket.messages + elapsed * lim.messages_per_s)
+        bucket.bytes = min(lim.burst_bytes, bucket.bytes + elapsed * lim.bytes_per_s)
+        if bucket.messages < 1 or bucket.bytes < size:
+            return "over-budget"
+        bucket.messages -= 1
+        bucket.bytes -= size
+        return None
+
+    def alert_due(self, device_id: str, now: float) -> bool:
+        """Whether a drop of this device should raise an alert now (the first in `alert_every_s`)."""
+        if now - self._alerted.get(device_id, float("-inf")) < self.limits.alert_every_s:
+            return False
+        self._alerted[device_id] = now
+        return True
+
+    def admit(self, message: M) -> M:
+        """The admitted copy of a decoded device message, or AdmissionError."""
+        if isinstance(message, Telemetry):
+            return self._telemetry(message)  # type: ignore[return-value]
+        if isinstance(message, Event):
+            return self._event(message)  # type: ignore[return-value]
+        if isinstance(message, DeviceStatus):
+            return self._status(message)  # type: ignore[return-value]
+        return message
+
+    # --- per message kind
+    def _status(self, s: DeviceStatus) -> DeviceStatus:
+        lim = self.limits
+        _segment("profile", s.profile)
+        _segment("active bundle", s.active_bundle)
+        for kind, values in (("group", s.groups), ("profile", s.accepts_profiles), ("provider", s.providers)):
+            _count(kind + "s", values, lim.max_items)
+            for value in values:
+                _segment(kind, value)
+        _count("providers not chosen", s.providers_not_chosen, lim.max_items)
+        update: dict[str, Any] = {
+            "agent_version": _text(s.agent_version, 64),
+            "active_model": _text(s.active_model, 256),
+            "provider_in_use": _text(s.provider_in_use, 128),
+            "provider_summary": _text(s.provider_summary, lim.max_text),
+            "providers_not_chosen": {_name("provider", k): _text(v, 500) for k, v in s.providers_not_chosen.items()},
+            "last_error": _text(s.last_error, lim.max_text),
+            "desired_stale": _text(s.desired_stale, lim.max_text),
+        }
+        if s.hardware is not None:
+            _segment("hostname", s.hardware.hostname)
+            update["hardware"] = s.hardware.model_copy(
+                update={"arch": _text(s.hardware.arch, 64), "os": _text(s.hardware.os, 128)}
+            )
+        return s.model_copy(update=update)
+
+    def _telemetry(self, t: Telemetry) -> Telemetry:
+        lim = self.limits
+        _segment("bundle id", t.bundle_id)
+        _count("error kinds", t.errors_by_kind, lim.max_items)
+        for kind in t.errors_by_kind:
+            _name("error kind", kind)
+        _count("golden scores", t.golden_scores, lim.max_items)
+        _scores(t.golden_scores, lim)
+        _count("drift scores", t.drift, lim.max_drift)
+        for score in t.drift:
+            _name("drift name", score.name)
+        update: dict[str, Any] = {"provider": _text(t.provider, 128)}
+        if t.golden_task is not None:
+            update["golden_task"] = t.golden_task.model_copy(update={"metric": _name("metric", t.golden_task.metric)})
+        if t.shadow is not None:
+            _segment("shadow bundle id", t.shadow.bundle_id)
+            _count("shadow outputs", t.shadow.per_output, lim.max_items)
+            _scores(t.shadow.per_output, lim)
+        return t.model_copy(update=update)
+
+    def _event(self, e: Event) -> Event:
+        _segment("bundle id", e.bundle_id)
+        return e.model_copy(update={"detail": _text(e.detail, self.limits.max_text)})
+
+
+def _segment(kind: str, value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        check_segment(kind, value)
+    except ValueError as err:
+        raise AdmissionError(str(err)[:300]) from err
+
+
+def _name(kind: str, value: str) -> str:
+    if not _NAME.match(value):
+        shown = value[:40].encode("unicode_escape").decode("ascii")
+        raise AdmissionError(f"invalid {kind} {shown!r}: use 1-128 letters, digits, '_', '.', ':', '/', '-', '[', ']'")
+    return value
+
+
+def _count(kind: str, values: object, most: int) -> None:
+    if len(values) > most:  # type: ignore[arg-type]
+        raise AdmissionError(f"{len(values)} {kind}: at most {most}")  # type: ignore[arg-type]
+
+
+def _scores(scores: list[OutputScore], lim: Limits) -> None:
+    for score in scores:
+        _name("output name", score.output)
+        _count(f"figures of output {score.output}", score.detail, lim.max_items)
+        for key in score.detail:
+            _name("figure", key)
+
+
+def _text(value: str | None, most: int) -> str | None:
+    """Free text, cut to `most` characters (shown through `safe_text` wherever it is displayed)."""
+    if value is None or len(value) <= most:
+        return value
+    return value[: most - 1] + "…"
+
+
+__all__ = ["Admission", "AdmissionError", "Limits"]

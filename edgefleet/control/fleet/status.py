@@ -1,0 +1,126 @@
+"""The fleet as the broker knows it: retained status of every device plus its latest telemetry."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from edgefleet.control.fleet.quality_view import QualityRow, of_telemetry
+from edgefleet.core.messages import DeviceStatus, MessageError, Telemetry, decode
+from edgefleet.core.mqtt.connection import Connection
+from edgefleet.core.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    device_id: str
+    online: bool
+    state: str
+    profile: str | None
+    bundle: str | None
+    model: str | None
+    provider: str | None
+    provider_summary: str | None
+    providers_not_chosen: dict[str, str]
+    verified: bool
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    requests: int | None
+    golden_agreement: float | None
+    cpu_percent: float | None
+    rss_mb: float | None
+    last_error: str | None
+    status_age_s: float
+    quality: QualityRow = field(default_factory=QualityRow)
+
+
+class FleetView:
+    """Keeps the latest status and telemetry per device while subscribed; thread-safe snapshots."""
+
+    def __init__(self, conn: Connection, topics: Topics) -> None:
+        self.topics = topics
+        self._lock = threading.Lock()
+        self._status: dict[str, DeviceStatus] = {}
+        self._telemetry: dict[str, Telemetry] = {}
+        self.refused = 0
+        conn.subscribe(topics.all_status(), self._on_status)
+        conn.subscribe(topics.all_telemetry(), self._on_telemetry, qos=0)
+
+    def _on_status(self, topic: str, payload: bytes, retained: bool) -> None:
+        device = self.topics.device_id_of(topic)
+        if not device or not payload:
+            return
+        try:
+            status = decode(DeviceStatus, payload)
+        except MessageError as err:
+            self.refused += 1
+            log.warning("ignored status on %s: %s", topic, err)
+            return
+        with self._lock:
+            self._status[device] = status
+
+    def _on_telemetry(self, topic: str, payload: bytes, retained: bool) -> None:
+        device = self.topics.device_id_of(topic)
+        if not device or not payload:  # no payload: a retained report being deleted (the retained janitor's)
+            return
+        try:
+            telemetry = decode(Telemetry, payload)
+        except MessageError as err:
+            self.refused += 1
+            log.warning("ignored telemetry on %s: %s", topic, err)
+            return
+        with self._lock:
+            self._telemetry[device] = telemetry
+
+    def statuses(self) -> dict[str, DeviceStatus]:
+        with self._lock:
+            return dict(self._status)
+
+    def telemetry(self) -> dict[str, Telemetry]:
+        with self._lock:
+            return dict(self._telemetry)
+
+    def rows(self) -> list[DeviceRow]:
+        statuses, telemetry, now = self.statuses(), self.telemetry(), time.time()
+        rows = []
+        for device, status in sorted(statuses.items()):
+            tele = telemetry.get(device)
+            rows.append(
+                DeviceRow(
+                    device_id=device,
+                    online=status.online,
+                    state=status.state,
+                    profile=status.profile,
+                    bundle=status.active_bundle,
+                    model=status.active_model,
+                    provider=status.provider_in_use,
+                    provider_summary=status.provider_summary,
+                    providers_not_chosen=status.providers_not_chosen,
+                    verified=status.verified,
+                    p50_ms=tele.latency.p50_ms if tele else None,
+                    p95_ms=tele.latency.p95_ms if tele else None,
+                    p99_ms=tele.latency.p99_ms if tele else None,
+                    requests=tele.latency.count if tele else None,
+                    golden_agreement=tele.golden_agreement if tele else None,
+                    cpu_percent=tele.cpu_percent if tele else None,
+                    rss_mb=tele.rss_mb if tele else None,
+                    last_error=status.last_error,
+                    status_age_s=round(now - status.ts, 1),
+                    quality=of_telemetry(tele) if tele else QualityRow(),
+                )
+            )
+        return rows
+
+    def wait_for_telemetry(self, timeout: float) -> None:
+        """Wait until every online device has reported telemetry (or the timeout passes)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            online = {d for d, s in self.statuses().items() if s.online}
+            if online and online <= set(self.telemetry()):
+                return
+            time.sleep(0.1)

@@ -1,0 +1,1 @@
+"""Publishing bundles on the broker: content-addressed chunks, signed offers, retention."""

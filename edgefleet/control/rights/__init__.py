@@ -1,0 +1,1 @@
+"""Broker rights: Mosquitto's dynamic security, static ACLs, and rights that follow the signed desired documents."""

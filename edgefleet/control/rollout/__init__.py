@@ -1,0 +1,1 @@
+"""Rollouts in waves: the plan (a pure function), the engine that drives them, how they end, the shadow phase."""

@@ -1,0 +1,143 @@
+"""What the host knows about a bundle from its own build and publish records, to weigh what devices report on it.
+
+Recorded when the bundle is published (`BundleFacts`, kept with the store's publish history), from the signed
+manifest, the signed offer's transfer layout and the bundle's golden set:
+- the bytes a device must fetch: every chunk on the wire (zstd where the offer says so), by sha256, so the chunks
+  a device already held (those of bundles it is recorded as having committed) can be subtracted; a block layout
+  is fetched whole; an offer whose chunk list went out as index pages records the pages alone (a weak bound);
+- the bundle's own latency: the build's measurement, and the farm devices' per profile (`convert --measure-on`);
+- the golden outputs' score bands (`golden_bands`): what any output within tolerance of the build's can score;
+- the golden set's size (an install runs it once at least).
+Numbers only: nothing here is a string a device chose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgefleet.control.rollout.judge.golden_bands import Band, OutputBands, golden_bands
+from edgefleet.control.rollout.judge.latency import Source
+from edgefleet.control.store import Store
+from edgefleet.core.bundle.manifest import Manifest
+from edgefleet.core.errors import BundleError
+from edgefleet.core.messages import Transfer
+from edgefleet.core.quality.golden_set import GoldenSet
+from edgefleet.core.transfer.chunks import wire_size
+
+MAX_GOLDEN_BYTES = 64 * 1024 * 1024
+
+
+class BundleFacts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bundle_id: str
+    profile: str
+    size: int = Field(description="the bundle file's bytes")
+    wire_bytes: int = Field(description="bytes on the wire for a device that holds none of its chunks")
+    chunks: dict[str, int] = Field(default_factory=dict, description="chunk sha256 → bytes on the wire")
+    golden_count: int = Field(default=0, description="golden inputs an install runs")
+    golden_min_agreement: float | None = Field(
+        default=None, description="the manifest's own golden floor: the first bundle on a device is held to it"
+    )
+    golden: dict[str, OutputBands] = Field(default_factory=dict, description="per output: the scores it can have")
+    build_latency_ms: float | None = Field(default=None, description="median at build")
+    build_machine: str = ""
+    farm_latency_ms: dict[str, float] = Field(
+        default_factory=dict, description="profile → median p50 of the farm devices of that profile"
+    )
+
+    def needed_bytes(self, held: Iterable[BundleFacts]) -> int:
+        """Bytes a device must fetch when it holds the chunks of `held` (the bundles it is recorded as having
+        committed): a lower bound on what its link counters must show."""
+        if not self.chunks:
+            return self.wire_bytes
+        have: set[str] = set()
+        for other in held:
+            have.update(other.chunks)
+        return sum(n for sha, n in self.chunks.items() if sha not in have)
+
+    def measured_latency(self, profile: str | None) -> tuple[float, Source, str] | None:
+        """(median ms, "farm" or "build", where) the bundle's own measurement for a device of `profile`: the farm's
+        devices of that profile, else the build's; None when neither measured it."""
+        if profile is not None and profile in self.farm_latency_ms:
+            return self.farm_latency_ms[profile], "farm", f"the farm's {profile} devices"
+        if self.build_latency_ms is not None:
+            return self.build_latency_ms, "build", f"the build ({self.build_machine or 'host'})"
+        return None
+
+    def agreement_band(self) -> Band | None:
+        """The band of the legacy `golden_agreement` (the lowest agreement over the outputs)."""
+        if not self.golden:
+            return None
+        bands = [b.agreement for b in self.golden.values()]
+        return Band(lo=min(b.lo for b in bands), hi=min(b.hi for b in bands))
+
+
+def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | None) -> BundleFacts:
+    """The facts of one bundle from its manifest, the transfer layout its offer signs, and its golden set."""
+    if transfer.chunks:
+        chunks = {c.sha256: wire_size(c) for c in transfer.chunks}
+        wire = sum(chunks.values())
+    elif transfer.index:  # paged chunk list: only the pages are known here
+        chunks = {c.sha256: wire_size(c) for c in transfer.index}
+        wire = sum(chunks.values())
+    else:
+        chunks, wire = {}, transfer.size
+    farm: dict[str, list[float]] = {}
+    for m in manifest.farm.devices if manifest.farm else []:
+        if m.p50_ms is not None and m.p50_ms > 0:
+            farm.setdefault(m.profile, []).append(m.p50_ms)
+    latency = manifest.latency
+    return BundleFacts(
+        bundle_id=manifest.bundle_id, profile=manifest.profile, size=transfer.size, wire_bytes=wire, chunks=chunks,
+        golden_count=manifest.golden.count, golden_min_agreement=manifest.golden.min_agreement,
+        golden=golden_bands(golden, manifest.golden) if golden is not None else {},
+        build_latency_ms=latency.median_ms if latency is not None and latency.median_ms > 0 else None,
+        build_machine=latency.machine if latency is not None else "",
+        farm_latency_ms={p: statistics.median(v) for p, v in farm.items()},
+    )  # fmt: skip
+
+
+def read_golden(bundle: Path, manifest: Manifest) -> GoldenSet | None:
+    """The bundle file's golden set (None when the bundle carries none), checked against the manifest's hash."""
+    entry = next((f for f in manifest.files if f.path == manifest.golden.path), None)
+    if entry is None:
+        return None
+    try:
+        with tarfile.open(bundle, "r:") as tar:
+            member = tar.getmember(entry.path)
+            if not member.isfile() or member.size != entry.size or member.size > MAX_GOLDEN_BYTES:
+                raise BundleError(f"{bundle.name}: {entry.path} is not the file the manifest pins")
+            handle = tar.extractfile(member)
+            data = handle.read() if handle is not None else b""
+    except (KeyError, tarfile.TarError, OSError) as err:
+        raise BundleError(f"{bundle.name}: cannot read its golden set: {err}") from err
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise BundleError(f"{bundle.name}: {entry.path} does not match the manifest's sha256")
+    with tempfile.NamedTemporaryFile(suffix=".npz") as tmp:
+        tmp.write(data)
+        tmp.flush()
+        return GoldenSet.load(Path(tmp.name), manifest.inputs, manifest.outputs)
+
+
+def facts_from_bundle(bundle: Path, manifest: Manifest, transfer: Transfer) -> BundleFacts:
+    """`facts_of` for a bundle file about to be (or just) published with `transfer`."""
+    return facts_of(manifest, transfer, read_golden(bundle, manifest))
+
+
+def record_facts(store: Store, bundle: Path, manifest: Manifest, transfer: Transfer) -> BundleFacts:
+    """Record a published bundle's facts in the store's publish history (what its rollouts weigh reports against)."""
+    facts = facts_from_bundle(bundle, manifest, transfer)
+    store.put_bundle_facts(manifest.bundle_id, facts.model_dump_json(), time.time())
+    return facts
+
+
+__all__ = ["BundleFacts", "facts_from_bundle", "facts_of", "read_golden", "record_facts"]

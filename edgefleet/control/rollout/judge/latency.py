@@ -1,0 +1,193 @@
+"""The latency criterion, noise-aware: a wave fails on latency only when the samples in hand show, with
+confidence, that the new bundle is slower than the limit; A/A noise on a sub-millisecond model does not.
+
+What a device reports is a summary of its latency window (p50, p95 and the samples behind them; a quiet device's
+window holds its golden-set probes, agent/quality/probe.py). A p95 over 24 samples is the second slowest of them,
+and the first inferences after an install are slow (cold caches): comparing such a figure with a baseline p95 over
+thousands of samples is comparing noise. So each figure is taken with its sampling uncertainty:
+
+- the device's own drift on its unchanged previous bundle (how far its p50 moved between the baseline's reports,
+  windows of at least `DRIFT_MIN_SAMPLES`) is added to both limits: a floor derived from the measured jitter, so
+  a device whose latency swings between load regimes by itself is not failed for swinging again;
+- the window's spread gives the scale of its log-latency, σ = ln(p95 / p50) / 1.645 (at least `SIGMA_FLOOR`);
+- a sample quantile q_p over n samples has a standard error, in log terms, of σ·√(p(1-p)/n)/φ(z_p): 2.11·σ/√n for
+  the p95, 1.25·σ/√n for the p50; the baseline's and the new bundle's errors add;
+- **fails**: the lower confidence bound (one-sided, `latency_confidence`) of the new p95 is above factor × the
+  baseline p95 + slack, or that of the new p50 above factor × the baseline p50 + slack (the whole distribution
+  moved: a bundle truly 2× slower fails on its centre long before its tail is certain). The tail counts only over
+  `MIN_TAIL_SAMPLES` samples on both sides: below that a p95 is one of the few slowest samples, which a burst of
+  load elsewhere on the device decides;
+- a verdict of "slower" is given only once the wave's observe window has ended (`final`): before that a breach
+  is pending ("over the limit so far"), so a burst that passes does not roll a wave back;
+- **passes**: neither, and the upper bound of the p95 ratio is at most factor² (the data rule out a gross
+  slowdown); **pending** otherwise: the wave waits for more samples, and at its deadline "no data for latency".
+
+The baseline is the device's own previous bundle (its probes or traffic, measured just before the wave). Where
+there is none (a first install, or a previous bundle with too few samples), it is the bundle's own measurement for
+the device's profile: the farm's devices of that profile (`farm_factor` × factor allowed) or the build
+(`build_factor` × factor: another machine, maybe a proxy), judged on the centre alone — a point measurement has
+no tail to compare with.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Literal
+
+from edgefleet.control.rollout.judge.evidence import Finding, Metrics, Thresholds
+
+SIGMA_FLOOR = 0.02  # a window whose p95 equals its p50 still varies a little
+MIN_TAIL_SAMPLES = 100  # a p95 with at least 5 samples above it
+_K95 = math.sqrt(0.95 * 0.05) / 0.10314  # √(p(1-p)) / φ(1.645)
+_K50 = math.sqrt(0.25) / 0.39894  # √(p(1-p)) / φ(0)
+
+Source = Literal["farm", "build"]
+
+
+def sigma(m: Metrics) -> float:
+    """The scale of the window's log-latency, from its own p50 and p95."""
+    if m.p50_ms is None or m.p95_ms is None or m.p50_ms <= 0 or m.p95_ms <= m.p50_ms:
+        return SIGMA_FLOOR
+    return max(SIGMA_FLOOR, math.log(m.p95_ms / m.p50_ms) / 1.645)
+
+
+def samples(m: Metrics) -> int:
+    """The latency samples behind the window's figures (an older record without them: the requests served)."""
+    return max(1, m.latency_samples or m.volume)
+
+
+def _se(m: Metrics, k: float) -> float:
+    return k * sigma(m) / math.sqrt(samples(m))
+
+
+def _z(confidence: float) -> float:
+    """The one-sided normal quantile of `confidence`."""
+    return NormalDist().inv_cdf(confidence)
+
+
+def usable(m: Metrics | None, t: Thresholds) -> bool:
+    """A window with enough requests and a p95 and p50 to judge latency on."""
+    return m is not None and m.p95_ms is not None and m.volume >= t.min_requests
+
+
+def judge_latency(
+    baseline: Metrics | None, observed: Metrics, t: Thresholds, measured: tuple[float, Source, str] | None = None,
+    final: bool = True,
+) -> Finding | None:  # fmt: skip
+    """The latency finding for one device. `measured`: the bundle's own median for the device's profile, where it
+    was measured ("farm" or "build") and a description, used when the device has no usable baseline. `final`:
+    the observe window has ended, so a breach is a failure (before: pending)."""
+    finding = _judge(baseline, observed, t, measured)
+    if finding is not None and finding.ok is False and not final:
+        return finding.model_copy(
+            update={"ok": None, "pending": True, "detail": f"not judged: over the limit so far: {finding.detail}; "
+                    "judged when the observe window ends"}
+        )  # fmt: skip
+    return finding
+
+
+def _judge(
+    baseline: Metrics | None, observed: Metrics, t: Thresholds, measured: tuple[float, Source, str] | None
+) -> Finding | None:
+    factor = t.max_latency_factor
+    if factor is None:
+        return None
+    if not usable(observed, t):
+        detail = f"not judged: {observed.volume} requests served on the new bundle, {t.min_requests} needed"
+        if observed.volume >= t.min_requests:
+            detail = "not judged: the device's latency window still holds mostly the previous bundle's requests"
+        return Finding(criterion="latency", ok=None, pending=True, detail=detail)
+    z = _z(t.latency_confidence)
+    if usable(baseline, t) and baseline is not None:
+        return _against_baseline(baseline, observed, t, factor, z)
+    if measured is not None:
+        return _against_measurement(observed, t, factor, z, measured)
+    why = "the device ran no bundle before the wave" if baseline is None else (
+        f"{baseline.volume} requests on the previous bundle, {t.min_requests} needed"
+    )  # fmt: skip
+    return Finding(
+        criterion="latency", ok=None, pending=True,
+        detail=f"not judged: no baseline p95 ({why}) and the bundle carries no latency measurement for its profile",
+    )  # fmt: skip
+
+
+def _against_baseline(baseline: Metrics, observed: Metrics, t: Thresholds, factor: float, z: float) -> Finding:
+    assert baseline.p95_ms is not None and observed.p95_ms is not None
+    se95 = math.hypot(_se(baseline, _K95), _se(observed, _K95))
+    se50 = math.hypot(_se(baseline, _K50), _se(observed, _K50))
+    low95, high95 = observed.p95_ms * math.exp(-z * se95), observed.p95_ms * math.exp(z * se95)
+    drift = baseline.p50_drift_ms  # what the device's own latency moved by on the unchanged bundle
+    limit95 = factor * baseline.p95_ms + t.latency_slack_ms + drift
+    centre = observed.p50_ms is not None and baseline.p50_ms is not None  # older agents: the tail alone
+    low50 = observed.p50_ms * math.exp(-z * se50) if observed.p50_ms is not None else 0.0
+    limit50 = factor * baseline.p50_ms + t.latency_slack_ms + drift if baseline.p50_ms is not None else math.inf
+    count = f"{samples(observed)} samples against {samples(baseline)}"
+    tail = min(samples(observed), samples(baseline)) >= MIN_TAIL_SAMPLES
+    if tail and low95 > limit95:
+        return Finding(
+            criterion="latency", ok=False,
+            detail=f"p95 {observed.p95_ms:.3f} ms (at least {low95:.3f} ms at {t.latency_confidence:.0%} "
+            f"confidence, {count}) exceeds {_limit(factor, baseline.p95_ms, t, drift, limit95)}",
+        )  # fmt: skip
+    if centre and low50 > limit50:
+        return Finding(
+            criterion="latency", ok=False,
+            detail=f"p50 {observed.p50_ms:.3f} ms (at least {low50:.3f} ms at {t.latency_confidence:.0%} "
+            f"confidence, {count}) exceeds {_limit(factor, baseline.p50_ms, t, drift, limit50, 'p50 ')}; "
+            f"p95 {observed.p95_ms:.3f} ms",
+        )  # fmt: skip
+    if high95 > factor * factor * baseline.p95_ms + t.latency_slack_ms + drift:
+        return Finding(
+            criterion="latency", ok=None, pending=True,
+            detail=f"not judged: p95 {observed.p95_ms:.3f} ms against baseline {baseline.p95_ms:.3f} ms is still "
+            f"within the noise of {count} (up to {high95:.3f} ms at {t.latency_confidence:.0%} confidence)",
+        )  # fmt: skip
+    if not tail:
+        return Finding(
+            criterion="latency", ok=True,
+            detail=f"p50 {observed.p50_ms or 0:.3f} ms within "
+            f"{_limit(factor, baseline.p50_ms, t, drift, limit50, 'p50 ')} and p95 {observed.p95_ms:.3f} ms within "
+            f"its noise ({count}; the p95 alone counts over {MIN_TAIL_SAMPLES})",
+        )  # fmt: skip
+    return Finding(
+        criterion="latency", ok=True,
+        detail=f"p95 {observed.p95_ms:.3f} ms within {_limit(factor, baseline.p95_ms, t, drift, limit95)} ({count})",
+    )  # fmt: skip
+
+
+def _limit(factor: float, base: float | None, t: Thresholds, drift: float, limit: float, what: str = "") -> str:
+    extra = "".join(
+        f" + {name} {value:.3f} ms" for name, value in (("slack", t.latency_slack_ms), ("its drift", drift)) if value
+    )
+    return f"{factor:g} × baseline {what}{base or 0:.3f} ms{extra} = {limit:.3f} ms"
+
+
+def _against_measurement(
+    observed: Metrics, t: Thresholds, factor: float, z: float, measured: tuple[float, Source, str]
+) -> Finding:
+    assert observed.p95_ms is not None
+    median, source, where = measured
+    centre = observed.p50_ms if observed.p50_ms is not None else observed.p95_ms  # older agents: the p95 bounds it
+    allowance = t.farm_factor if source == "farm" else t.build_factor
+    limit = factor * allowance * median + t.latency_slack_ms
+    se50 = _se(observed, _K50)
+    low50, high50 = centre * math.exp(-z * se50), centre * math.exp(z * se50)
+    head = (
+        f"p50 {centre:.3f} ms (p95 {observed.p95_ms:.3f} ms, {samples(observed)} samples; no baseline "
+        f"on the device) against the bundle's {median:.3f} ms measured by {where}"
+    )
+    if low50 > limit:
+        return Finding(
+            criterion="latency", ok=False,
+            detail=f"{head}: exceeds {factor:g} × {allowance:g} × {median:.3f} = {limit:.3f} ms",
+        )  # fmt: skip
+    if high50 > factor * limit:
+        return Finding(
+            criterion="latency", ok=None, pending=True, detail=f"not judged: {head}: still within the noise"
+        )  # fmt: skip
+    within = f"within {factor:g} × {allowance:g} × {median:.3f} = {limit:.3f} ms"
+    return Finding(criterion="latency", ok=True, detail=f"{head}: {within}")
+
+
+__all__ = ["SIGMA_FLOOR", "judge_latency", "sigma", "usable"]

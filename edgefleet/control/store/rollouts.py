@@ -1,0 +1,232 @@
+"""The rollouts repository: desired state (deployments per scope, what was last published per device), rollouts
+and their pending commands, and the leases that say which control-plane instance drives them.
+
+Rollout-state writes (rollouts, deployments, published desired state, taken commands) go through
+`fenced_tx`: a repository made by `fenced(fence)` writes them only while its lease term is current, checked in
+the write's own transaction (`FencedOut` otherwise, nothing written).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+from edgefleet.control.store.database import Database, Db, unit_of_work
+from edgefleet.control.store.errors import FencedOut
+from edgefleet.control.store.records import Deployment, Fence, PublishedDesired, RolloutRow, Scope
+from edgefleet.core.errors import UnknownNameError
+
+
+class Rollouts(Protocol):
+    """Desired state, rollouts and leases; `fenced` makes a view whose rollout-state writes need a lease term."""
+
+    def put_deployment(self, deployment: Deployment) -> None: ...
+
+    def delete_deployment(self, scope: Scope, target: str, profile: str | None = None) -> int: ...
+
+    def deployments(self) -> list[Deployment]: ...
+
+    def published(self) -> dict[str, PublishedDesired]: ...
+
+    def set_published_many(self, records: Sequence[tuple[str, PublishedDesired | None]]) -> None:
+        """What was published (None: cleared) for many devices, in one transaction; the last word per device."""
+        ...
+
+    def save_rollout(self, row: RolloutRow) -> None:
+        """Insert or update a rollout's state and document (never its pending command)."""
+        ...
+
+    def rollouts(self, states: Iterable[str] | None = None) -> list[RolloutRow]: ...
+
+    def rollout(self, rollout_id: str) -> RolloutRow | None: ...
+
+    def set_command(self, rollout_id: str, command: str) -> None:
+        """Ask the engine to pause, resume or abort (it takes the command on its next tick)."""
+        ...
+
+    def take_command(self, rollout_id: str) -> str | None:
+        """The pending command, cleared atomically."""
+        ...
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float, now: float) -> int | None:
+        """Take or renew a lease; the term's fencing token (>= 1) when `holder` holds it until now + ttl_s, else None.
+
+        The token is the same for every renewal and grows whenever the lease changes hands (a release keeps it)."""
+        ...
+
+    def release_lease(self, name: str, holder: str) -> None: ...
+
+    def lease(self, name: str) -> tuple[str, float] | None:
+        """(holder, expires_at) of a lease, or None (never taken, or released)."""
+        ...
+
+    def fenced(self, fence: Fence) -> Rollouts:
+        """This repository, on the same database, whose rollout-state writes each check in their transaction that
+        `fence` is still the lease's current term, and raise FencedOut (writing nothing) when it is not."""
+        ...
+
+
+class SqlRollouts:
+    def __init__(self, db: Database, fence: Fence | None = None) -> None:
+        self.db, self.fence = db, fence
+
+    def fenced(self, fence: Fence) -> SqlRollouts:
+        return SqlRollouts(self.db, fence)
+
+    @contextlib.contextmanager
+    def fenced_tx(self) -> Iterator[Db]:
+        """A write transaction that first checks this view's fence (if any) and keeps the lease row from changing
+        hands until it commits: the write and a takeover are ordered, never interleaved."""
+        with self.db.tx() as conn:
+            fence = self.fence
+            if fence is not None:
+                row = conn.execute(
+                    f"SELECT holder, token FROM leases WHERE name = ?{self.db.dialect.for_share}", (fence.lease,)
+                ).fetchone()
+                if row is None or (str(row[0]), int(row[1])) != (fence.holder, fence.token):
+                    now = f"{row[0]} (term {row[1]})" if row and row[0] else "nobody"
+                    raise FencedOut(
+                        f"lease {fence.lease!r} term {fence.token} of {fence.holder} is over (now held by {now}); "
+                        "the write was not made"
+                    )
+            yield conn
+
+    # --- desired state
+    @unit_of_work()
+    def put_deployment(self, deployment: Deployment) -> None:
+        d = deployment
+        with self.fenced_tx() as conn:
+            conn.execute(
+                "INSERT INTO deployments (scope, target, profile, bundle_id, model_name, model_version, rollback,"
+                " source, updated_at, shadow_bundle_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (scope, target, profile) DO UPDATE SET bundle_id = excluded.bundle_id,"
+                " model_name = excluded.model_name, model_version = excluded.model_version,"
+                " rollback = excluded.rollback, source = excluded.source, updated_at = excluded.updated_at,"
+                " shadow_bundle_id = excluded.shadow_bundle_id",
+                (d.scope, d.target, d.profile, d.bundle_id, d.model_name, d.model_version, int(d.rollback), d.source,
+                 d.updated_at or time.time(), d.shadow_bundle_id),
+            )  # fmt: skip
+
+    @unit_of_work()
+    def delete_deployment(self, scope: Scope, target: str, profile: str | None = None) -> int:
+        sql, params = "DELETE FROM deployments WHERE scope = ? AND target = ?", [scope, target]
+        if profile is not None:
+            sql += " AND profile = ?"
+            params.append(profile)
+        with self.fenced_tx() as conn:
+            return conn.execute(sql, params).rowcount
+
+    @unit_of_work()
+    def deployments(self) -> list[Deployment]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT scope, target, profile, bundle_id, model_name, model_version, rollback, source, updated_at,"
+                " shadow_bundle_id FROM deployments ORDER BY scope, target, profile"
+            ).fetchall()
+        return [Deployment(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows]
+
+    @unit_of_work()
+    def published(self) -> dict[str, PublishedDesired]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT device_id, bundle_id, rollback, issued_at, shadow_bundle_id FROM published"
+            ).fetchall()
+        return {r[0]: PublishedDesired(r[0], r[1], bool(r[2]), r[3], r[4]) for r in rows}
+
+    @unit_of_work()
+    def set_published_many(self, records: Sequence[tuple[str, PublishedDesired | None]]) -> None:
+        if not records:
+            return
+        final = dict(records)  # the last word per device
+        cleared = [(d,) for d, p in sorted(final.items()) if p is None]
+        latest = {d: p for d, p in final.items() if p is not None}
+        with self.fenced_tx() as conn:
+            conn.executemany("DELETE FROM published WHERE device_id = ?", cleared)
+            conn.executemany(
+                "INSERT INTO published (device_id, bundle_id, rollback, issued_at, shadow_bundle_id)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET bundle_id = excluded.bundle_id,"
+                " rollback = excluded.rollback, issued_at = excluded.issued_at,"
+                " shadow_bundle_id = excluded.shadow_bundle_id",
+                [(d, p.bundle_id, int(p.rollback), p.issued_at, p.shadow_bundle_id) for d, p in sorted(latest.items())],
+            )
+
+    # --- rollouts
+    @unit_of_work()
+    def save_rollout(self, row: RolloutRow) -> None:
+        with self.fenced_tx() as conn:
+            conn.execute(
+                "INSERT INTO rollouts (id, state, doc, command, created_at, updated_at) VALUES (?, ?, ?, NULL, ?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET state = excluded.state, doc = excluded.doc,"
+                " updated_at = excluded.updated_at",
+                (row.id, row.state, row.doc, row.created_at, row.updated_at),
+            )
+
+    @unit_of_work()
+    def rollouts(self, states: Iterable[str] | None = None) -> list[RolloutRow]:
+        sql = "SELECT id, state, doc, created_at, updated_at, command FROM rollouts"
+        params: list[Any] = []
+        if states is not None:
+            params = list(states)
+            sql += f" WHERE state IN ({', '.join('?' for _ in params)})" if params else " WHERE 1 = 0"
+        with self.db.read() as conn:
+            rows = conn.execute(sql + " ORDER BY created_at", params).fetchall()
+        return [RolloutRow(*r) for r in rows]
+
+    @unit_of_work()
+    def rollout(self, rollout_id: str) -> RolloutRow | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT id, state, doc, created_at, updated_at, command FROM rollouts WHERE id = ?", (rollout_id,)
+            ).fetchone()
+        return RolloutRow(*row) if row else None
+
+    @unit_of_work()
+    def set_command(self, rollout_id: str, command: str) -> None:
+        with self.db.tx() as conn:
+            if conn.execute("UPDATE rollouts SET command = ? WHERE id = ?", (command, rollout_id)).rowcount == 0:
+                known = [
+                    r[0] for r in conn.execute("SELECT id FROM rollouts ORDER BY created_at DESC LIMIT 20").fetchall()
+                ]
+                raise UnknownNameError("rollout", rollout_id, known)
+
+    @unit_of_work()
+    def take_command(self, rollout_id: str) -> str | None:
+        with self.fenced_tx() as conn:
+            row = conn.execute(
+                f"SELECT command FROM rollouts WHERE id = ?{self.db.dialect.for_update}", (rollout_id,)
+            ).fetchone()
+            if row is None or row[0] is None:
+                return None
+            conn.execute("UPDATE rollouts SET command = NULL WHERE id = ?", (rollout_id,))
+            return str(row[0])
+
+    # --- leases
+    @unit_of_work(patient=False)  # a lease renewed late is no renewal: the lease loop tries again on its next tick
+    def acquire_lease(self, name: str, holder: str, ttl_s: float, now: float) -> int | None:
+        with self.db.tx() as conn:
+            conn.execute(
+                "INSERT INTO leases (name, holder, expires_at, token) VALUES (?, ?, ?, 1)"
+                " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at,"
+                " token = CASE WHEN leases.holder = excluded.holder THEN leases.token ELSE leases.token + 1 END"
+                " WHERE leases.holder = excluded.holder OR leases.expires_at < ?",
+                (name, holder, now + ttl_s, now),
+            )
+            row = conn.execute("SELECT holder, token FROM leases WHERE name = ?", (name,)).fetchone()
+        return int(row[1]) if row and row[0] == holder else None
+
+    @unit_of_work()
+    def release_lease(self, name: str, holder: str) -> None:
+        # Keep the row (and its token): a term number must never be handed out twice.
+        with self.db.tx() as conn:
+            conn.execute(
+                "UPDATE leases SET holder = '', expires_at = 0, token = token + 1 WHERE name = ? AND holder = ?",
+                (name, holder),
+            )
+
+    @unit_of_work()
+    def lease(self, name: str) -> tuple[str, float] | None:
+        with self.db.read() as conn:
+            row = conn.execute("SELECT holder, expires_at FROM leases WHERE name = ?", (name,)).fetchone()
+        return (str(row[0]), float(row[1])) if row and row[0] else None
