@@ -4,24 +4,32 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from edgefleet.agent import quality
-from edgefleet.agent.config import AgentConfig
-from edgefleet.agent.selection import Policy
-from edgefleet.agent.service import ServiceConfig
-from edgefleet.cli.common import add_tls
+from edgefleet.agent.api import ServiceConfig
+from edgefleet.agent.daemon import AgentConfig
+from edgefleet.agent.runtime import Policy
+from edgefleet.cli.common import add_tls, resolve
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.topics import DEFAULT_PREFIX
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("agent", help="run the device agent (pull, verify, install, serve, report)")
-    parser.add_argument("--broker", required=True, help="mqtt://host:port or mqtts://host:port")
-    parser.add_argument("--device-id", required=True)
+    env = os.environ.get
+    parser.add_argument(
+        "--broker", default=env("EDGEFLEET_BROKER"), required=not env("EDGEFLEET_BROKER"),
+        help="mqtt://HOST:PORT or mqtts://HOST:PORT (env EDGEFLEET_BROKER)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--device-id", default=env("EDGEFLEET_DEVICE_ID"), required=not env("EDGEFLEET_DEVICE_ID"),
+        help="this device's id, its certificate's CN on a TLS broker (env EDGEFLEET_DEVICE_ID)",
+    )  # fmt: skip
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--profile", default="auto", help="profile name, or auto to detect")
     parser.add_argument("--group", action="append", default=[], help="groups this device belongs to")
@@ -40,10 +48,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-bytes-per-s", type=int, default=None, help="byte-rate cap of this device's link (paid links)"
     )
-    add_tls(parser)
+    add_tls(parser, context=False)
     parser.add_argument("--health-interval", type=float, default=30.0, help="seconds between health checks")
     parser.add_argument("--no-rollback", action="store_true", help="report an unhealthy bundle but keep it")
-    parser.add_argument("--spool-max", type=int, default=10_000, help="telemetry/events kept while offline")
+    parser.add_argument("--spool-max", type=int, default=10_000, help="telemetry/events kept until stored")
+    parser.add_argument(
+        "--report-resend-after",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="send again a report the control plane has not stored after S seconds (default 30)",
+    )
+    parser.add_argument("--report-resend-rate", type=float, default=50.0, metavar="N",
+                        help="reports sent again per second, at most (default 50)")  # fmt: skip
     quality.add_arguments(parser)
     parser.add_argument(
         "--benchmark-max-cpu-share", type=float, default=0.5,
@@ -92,16 +109,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_agent(args: argparse.Namespace) -> None:
-    from edgefleet.agent import ort_distribution
+    from edgefleet.agent.runtime import ort_distribution
 
     if args.verbose == 0:
         logging.getLogger().setLevel(logging.INFO)  # a daemon's log is its record of what it refused
     runtime = ort_distribution.require()  # before anything imports onnxruntime: a clear refusal, not a traceback
     logging.getLogger("edgefleet.agent").info("ONNX Runtime: %s", runtime)
 
-    from edgefleet.agent import custom_ops
     from edgefleet.agent.daemon import Agent
+    from edgefleet.agent.runtime import custom_ops
 
+    resolve(args)  # the TLS files from their variables (a device reads no context file)
     try:
         config = _config(args)
     except ValidationError as err:
@@ -131,11 +149,13 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         health_interval_s=args.health_interval,
         rollback_on_failure=not args.no_rollback,
         spool_max_records=args.spool_max,
+        report_resend_after_s=args.report_resend_after,
+        report_resend_per_s=args.report_resend_rate,
         quality=quality.config_from(args),
         benchmark_max_cpu_share=args.benchmark_max_cpu_share,
-        tls_ca=args.ca,
-        tls_cert=args.cert,
-        tls_key=args.key,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
         selection=Policy(
             prefer=args.prefer_provider,
             exclude=args.exclude_provider,

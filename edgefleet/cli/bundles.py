@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from edgefleet.cli.common import add_json, edgefleet_home, print_json
-from edgefleet.core.bundle import parse_manifest, read_signed_manifest, verify_bundle
-from edgefleet.core.signing import TrustedKeys
+from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest, verify_bundle
+from edgefleet.core.trust.signing import TrustedKeys
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ from edgefleet.cli.common import add_json, default_key, edgefleet_home, fmt, pri
 from edgefleet.cli.convert_farm import add_farm_options, farm_from, print_farm
 from edgefleet.core.errors import ConversionError, UserInputError
 from edgefleet.core.profiles import get_profile, load_profiles
-from edgefleet.core.signing import SigningKey
+from edgefleet.core.trust.signing import SigningKey
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,7 +91,7 @@ def _ints(text: str, what: str) -> list[int]:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from edgefleet.cli.convert_progress import convert_progress
-    from edgefleet.converter.build import ConvertRequest, convert
+    from edgefleet.converter import ConvertRequest, convert
 
     names = list(load_profiles()) if "all" in args.profile else args.profile
     request = ConvertRequest(

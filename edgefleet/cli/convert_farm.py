@@ -1,5 +1,5 @@
 """`edgefleet convert … --measure-on DEVICE|GROUP`: the options and the connection of the benchmark farm
-(edgefleet/control/farm.py `FleetFarm`, converter/farm_choice.py)."""
+(edgefleet/control/farm/service.py `FleetFarm`, edgefleet.converter.search's `Farm`)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import argparse
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgefleet.core.topics import DEFAULT_PREFIX
+from edgefleet.cli.common import add_setting, tls_files
 
 if TYPE_CHECKING:
-    from edgefleet.control.farm import FleetFarm
+    from edgefleet.control.farm.service import FleetFarm
 
 
 def add_farm_options(parser: argparse.ArgumentParser) -> None:
@@ -29,12 +28,9 @@ def add_farm_options(parser: argparse.ArgumentParser) -> None:
     farm.add_argument("--measure-timeout", type=float, default=300.0, metavar="SECONDS", help="wait this long")
     farm.add_argument("--measure-cpu-share", type=float, default=0.5, help="share of a device's cores (0-1]")
     farm.add_argument("--measure-calls", type=int, default=50, help="individually timed calls per candidate")
-    farm.add_argument("--broker", default=env("EDGEFLEET_BROKER", "mqtt://127.0.0.1:1883"), help="broker URL")
-    farm.add_argument("--prefix", default=DEFAULT_PREFIX, help="MQTT topic prefix")
-    farm.add_argument("--protocol", choices=["auto", "3.1.1", "5"], default="auto", help="MQTT protocol")
-    farm.add_argument("--ca", type=Path, default=env("EDGEFLEET_TLS_CA"), help="broker CA certificate (mqtts://)")
-    farm.add_argument("--cert", type=Path, default=env("EDGEFLEET_TLS_CERT"), help="client certificate")
-    farm.add_argument("--cert-key", type=Path, default=env("EDGEFLEET_TLS_KEY"), help="client certificate's key")
+    for dest in ("broker", "prefix", "protocol", "tls_ca", "tls_cert"):
+        add_setting(farm, dest)
+    add_setting(farm, "tls_key", "--cert-key")  # --key is the bundle key here
     farm.add_argument(
         "--broker-rights",
         choices=["auto", "dynsec", "none"],
@@ -44,7 +40,8 @@ def add_farm_options(parser: argparse.ArgumentParser) -> None:
     farm.add_argument(
         "--store",
         default=env("EDGEFLEET_STORE"),
-        help="control-plane store URL, for the host registry's groups and profiles (default: the devices' status)",
+        help="control-plane store URL, for the host registry's groups and profiles (env EDGEFLEET_STORE; "
+        "default: the devices' status)",
     )
 
 
@@ -54,19 +51,16 @@ def farm_from(args: argparse.Namespace) -> Iterator[FleetFarm | None]:
     if not args.measure_on:
         yield None
         return
-    from edgefleet.control.broker_rights import open_rights
-    from edgefleet.control.farm import FleetFarm
-    from edgefleet.control.store_open import open_store
+    from edgefleet.control.farm.service import FleetFarm
+    from edgefleet.control.rights.sync import open_rights
+    from edgefleet.control.store import open_store
     from edgefleet.core.errors import UserInputError
-    from edgefleet.core.mqtt import Connection, TlsFiles
+    from edgefleet.core.mqtt.connection import Connection
     from edgefleet.core.topics import Topics
 
     if not 0 < args.measure_cpu_share <= 1:
         raise UserInputError(f"--measure-cpu-share {args.measure_cpu_share}: a share in (0, 1]")
-    tls = None
-    if args.ca is not None:
-        cert_key = str(args.cert_key) if args.cert_key else None
-        tls = TlsFiles(str(args.ca), str(args.cert) if args.cert else None, cert_key)
+    tls = tls_files(args)
     conn = Connection(args.broker, f"edgefleet-farm-{os.getpid()}", protocol=args.protocol, tls=tls)
     conn.start(wait=10.0)
     store = open_store(args.store) if args.store else None

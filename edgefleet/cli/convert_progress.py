@@ -13,14 +13,14 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
-from edgefleet.converter import phases
+from edgefleet.converter import listening
 
 LABELS = {"build": "candidates", "timing": "timing rounds"}
 
 
 @contextmanager
 def convert_progress() -> Iterator[Callable[[str], None]]:
-    """Yields the `progress` callback for `convert`; phase bars follow `converter.phases.step` events."""
+    """Yields the `progress` callback for `convert`; phase bars follow the converter's `step` events."""
     columns = (
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -38,5 +38,5 @@ def convert_progress() -> Iterator[Callable[[str], None]]:
             label = LABELS.get(name, name) + (f": {what}" if what else "")
             bar.update(tasks[name], completed=done, total=total or None, description=label)
 
-        with phases.listening(on_step):
+        with listening(on_step):
             yield lambda message: bar.update(status, description=message)

@@ -1,6 +1,6 @@
 """`edgefleet keys ca|server|device|host|dynsec|enroll|acl`: broker TLS credentials and broker rights.
 
-`dynsec` writes the first configuration of Mosquitto's dynamic-security plugin (what `deploy/mosquitto/` ships);
+`dynsec` writes the first configuration of Mosquitto's dynamic-security plugin (what `edgefleet init` writes);
 `enroll` adds a device or a control-plane identity to a running broker; `acl` is the static alternative for a
 broker without the plugin (rights then do not follow deployments: re-run it and reload Mosquitto).
 """
@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_broker, add_json, connect, print_json
-from edgefleet.cli.control_common import add_store
+from edgefleet.cli.control.common import add_store
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.topics import DEFAULT_PREFIX, HOST_IDENTITY
 
 if TYPE_CHECKING:
-    from edgefleet.control.pki import CertFiles
+    from edgefleet.control.credentials.pki import CertFiles
 
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
@@ -137,35 +137,35 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_ca(args: argparse.Namespace) -> None:
-    from edgefleet.control.pki import create_ca
+    from edgefleet.control.credentials.pki import create_ca
 
     files = create_ca(args.dir, common_name=args.name, days=args.days)
     _report(args, "CA", files, "keep ca.key offline; give ca.crt to the broker and every client")
 
 
 def cmd_server(args: argparse.Namespace) -> None:
-    from edgefleet.control.pki import create_server_cert
+    from edgefleet.control.credentials.pki import create_server_cert
 
     files = create_server_cert(args.dir, args.host, ca_dir=args.ca_dir, days=args.days)
     _report(args, "broker", files, "for the Mosquitto TLS listener (certfile, keyfile, cafile)")
 
 
 def cmd_device(args: argparse.Namespace) -> None:
-    from edgefleet.control.pki import create_client_cert
+    from edgefleet.control.credentials.pki import create_client_cert
 
     files = create_client_cert(args.dir, args.device_id, ca_dir=args.ca_dir, days=args.days)
     _report(args, f"device {args.device_id}", files, "install on the device with ca.crt")
 
 
 def cmd_host(args: argparse.Namespace) -> None:
-    from edgefleet.control.pki import create_client_cert
+    from edgefleet.control.credentials.pki import create_client_cert
 
     files = create_client_cert(args.dir, args.name, ca_dir=args.ca_dir, days=args.days)
     _report(args, f"control plane ({args.name})", files, "for host commands (publish, deploy, fleet)")
 
 
 def cmd_acl(args: argparse.Namespace) -> None:
-    from edgefleet.control.acl import render_acl, write_acl
+    from edgefleet.control.rights.acl import render_acl, write_acl
 
     devices = parse_devices(args.device)
     assignments = parse_assignments(args.assign)
@@ -186,8 +186,8 @@ def cmd_acl(args: argparse.Namespace) -> None:
 
 
 def cmd_dynsec(args: argparse.Namespace) -> None:
-    from edgefleet.control.dynsec import render_config
-    from edgefleet.control.pki import write_new_text
+    from edgefleet.control.credentials.pki import write_new_text
+    from edgefleet.control.rights.dynsec import render_config
 
     devices = parse_devices(args.device)
     assignments = parse_assignments(args.assign)
@@ -203,8 +203,8 @@ def cmd_dynsec(args: argparse.Namespace) -> None:
 
 
 def cmd_enroll(args: argparse.Namespace) -> None:
-    from edgefleet.control.broker_rights import DynsecClient, DynsecRights, probe_dynsec
-    from edgefleet.control.dynsec import HOST_ROLE
+    from edgefleet.control.rights.dynsec import HOST_ROLE
+    from edgefleet.control.rights.sync import DynsecClient, DynsecRights, probe_dynsec
 
     conn, topics = connect(args, "enroll")
     try:
@@ -228,9 +228,9 @@ def cmd_enroll(args: argparse.Namespace) -> None:
 
 
 def cmd_revoke_device(args: argparse.Namespace) -> None:
-    from edgefleet.cli.control_common import open_from
-    from edgefleet.control.broker_rights import DynsecClient
-    from edgefleet.control.broker_rights_revoke import mark_revoked, revoke_on_broker
+    from edgefleet.cli.control.common import open_from
+    from edgefleet.control.rights.revoke import mark_revoked, revoke_on_broker
+    from edgefleet.control.rights.sync import DynsecClient
 
     if args.crl is not None and args.ca_dir is None:
         raise UserInputError("--crl needs --ca-dir (the CA's key signs the CRL)")
@@ -241,8 +241,8 @@ def cmd_revoke_device(args: argparse.Namespace) -> None:
         conn.stop()
     crl = None
     if args.crl is not None:
-        from edgefleet.control.crl import write_crl
-        from edgefleet.control.pki import certificate_cn
+        from edgefleet.control.credentials.crl import write_crl
+        from edgefleet.control.credentials.pki import certificate_cn
 
         cert = args.device_cert or args.ca_dir / f"{args.identity}.crt"
         if certificate_cn(cert) != args.identity:
@@ -264,7 +264,7 @@ def cmd_revoke_device(args: argparse.Namespace) -> None:
 
 
 def cmd_crl(args: argparse.Namespace) -> None:
-    from edgefleet.control.crl import write_crl
+    from edgefleet.control.credentials.crl import write_crl
 
     serials = write_crl(args.ca_dir, args.out, args.revoke, days=args.days)
     if args.json:
@@ -298,7 +298,7 @@ def parse_assignments(values: list[str]) -> dict[str, list[str]]:
 
 
 def _report(args: argparse.Namespace, what: str, files: CertFiles, hint: str) -> None:
-    from edgefleet.control.pki import certificate_cn
+    from edgefleet.control.credentials.pki import certificate_cn
 
     if args.json:
         print_json({"cn": certificate_cn(files.cert), "cert": files.cert, "key": files.key, "ca": files.ca})

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_broker, add_json, connect, fmt, print_json, print_table
-from edgefleet.cli.control_common import duration
+from edgefleet.cli.control.common import duration
 from edgefleet.core.errors import UserInputError
-from edgefleet.core.transfer import DEFAULT_BLOCK_SIZE
+from edgefleet.core.transfer.blocks import DEFAULT_BLOCK_SIZE
 
 if TYPE_CHECKING:
-    from edgefleet.control.fleet import DeviceRow
-    from edgefleet.control.quality_view import QualityRow
+    from edgefleet.control.fleet.quality_view import QualityRow
+    from edgefleet.control.fleet.status import DeviceRow
 
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
@@ -77,23 +77,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_fleet_watch(verbs)
 
 
+def readable_bundle(path: Path) -> None:
+    """A bundle file that is not there or not a bundle fails before anything connects or publishes."""
+    from edgefleet.core.bundle.archive import read_signed_manifest
+
+    read_signed_manifest(path)  # its BundleError says what is wrong with the file
+
+
 def cmd_broker(args: argparse.Namespace) -> None:
-    from edgefleet.control.embedded_broker import run_forever
+    from edgefleet.control.broker.embedded import run_forever
 
     print(f"embedded MQTT 3.1.1 broker on mqtt://{args.host}:{args.port} (Ctrl-C to stop)", flush=True)
     run_forever(args.host, args.port)
 
 
 def cmd_publish(args: argparse.Namespace) -> None:
-    from edgefleet.control.publish import publish_bundle
+    from edgefleet.control.publish.publisher import publish_bundle
 
+    readable_bundle(args.bundle)
     conn, topics = connect(args, "publish")
     try:
         manifest, offer = publish_bundle(conn, topics, args.bundle, block_size=args.block_size, layout=args.layout)
     finally:
         conn.stop()
     transfer = offer.transfer
-    chunks = transfer.chunk_count or len(transfer.chunks)  # a long list travels on index pages (core/chunk_index.py)
+    # a long chunk list travels on index pages (core/transfer/chunk_index.py)
+    chunks = transfer.chunk_count or len(transfer.chunks)
     if args.json:
         print_json({"bundle_id": manifest.bundle_id, "bytes": transfer.size, "blocks": transfer.block_count,
                     "chunks": chunks, "index_pages": len(transfer.index)})  # fmt: skip
@@ -103,7 +112,7 @@ def cmd_publish(args: argparse.Namespace) -> None:
 
 
 def cmd_unpublish(args: argparse.Namespace) -> None:
-    from edgefleet.control.bundle_retention import unpublish
+    from edgefleet.control.publish.retention import unpublish
 
     conn, topics = connect(args, "unpublish")
     try:
@@ -117,13 +126,14 @@ def cmd_unpublish(args: argparse.Namespace) -> None:
 
 
 def cmd_deploy(args: argparse.Namespace) -> None:
-    from edgefleet.control.broker_rights_deploy import grant_deploy
-    from edgefleet.control.publish import deploy, publish_bundle
+    from edgefleet.control.publish.publisher import deploy, publish_bundle
+    from edgefleet.control.rights.deploy import grant_deploy
 
     if not args.device and not args.group:
         raise UserInputError("deploy needs at least one --device or --group")
     if args.max_bytes_per_s is not None and args.max_bytes_per_s <= 0:
         raise UserInputError("--max-bytes-per-s takes a positive byte rate")
+    readable_bundle(args.bundle)
     conn, topics = connect(args, "deploy")
     try:
         manifest, _ = publish_bundle(conn, topics, args.bundle, block_size=args.block_size, layout=args.layout)
@@ -187,7 +197,7 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
 
 def quality_table(rows: list[tuple[str, QualityRow]]) -> None:
     """Model quality per device, when any device reports some."""
-    from edgefleet.control.quality_view import any_quality, quality_cells
+    from edgefleet.control.fleet.quality_view import any_quality, quality_cells
 
     if any_quality(q for _, q in rows):
         print_table("model quality", ["device", "golden (worst output)", "field accuracy", "drift (worst)",
@@ -195,7 +205,7 @@ def quality_table(rows: list[tuple[str, QualityRow]]) -> None:
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> None:
-    from edgefleet.control.fleet import FleetView
+    from edgefleet.control.fleet.status import FleetView
 
     conn, topics = connect(args, "fleet")
     try:
@@ -222,7 +232,7 @@ def register_fleet_watch(verbs: argparse._SubParsersAction) -> None:
 
 
 def cmd_fleet_watch(args: argparse.Namespace) -> None:
-    from edgefleet.control.fleet import FleetView
+    from edgefleet.control.fleet.status import FleetView
     from edgefleet.core.messages import Event, MessageError, decode
     from edgefleet.core.untrusted import safe_text
 

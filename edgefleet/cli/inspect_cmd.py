@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from edgefleet.converter.inspection import inspect_model
+    from edgefleet.converter import inspect_model
 
     profiles = [get_profile(n) for n in args.profile] if args.profile else list(load_profiles().values())
     report = inspect_model(args.model, profiles)
@@ -29,9 +29,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for role, specs in (("input", report.inputs), ("output", report.outputs)):
         for spec in specs:
             shape = ["?" if d is None else d for d in spec.shape]
-            print(f"  {role} {spec.name}: {spec.dtype} {shape}")
+            layout = f" ({report.layouts[spec.name]} image)" if role == "input" and spec.name in report.layouts else ""
+            print(f"  {role} {spec.name}: {spec.dtype} {shape}{layout}")
     if report.custom_domains:
         print(f"  custom domains: {report.custom_domains}")
+    if report.quantization:
+        print(f"  arrives quantized: {report.quantization['summary']}")
     for rewrite in report.rewrites:
         print(f"  rewritten on load: {rewrite}")
     print_table(

@@ -1,5 +1,5 @@
 """`edgefleet keys ...`: the root key, the bundle and ops role keys and the root-signed key set that delegates
-them (see control/keyring.py); plus the broker credentials (see credentials.py)."""
+them (see control/credentials/keyring.py); plus the broker credentials (see credentials.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from edgefleet.cli import credentials
 from edgefleet.cli.common import add_json, print_json
 from edgefleet.core.home import keys_dir
-from edgefleet.core.signing import SigningKey, generate_keypair
+from edgefleet.core.trust.signing import SigningKey, generate_keypair
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def _report(args: argparse.Namespace, what: str, info: dict[str, Any]) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> None:
-    from edgefleet.control.keyring import init
+    from edgefleet.control.credentials.keyring import init
 
     _report(args, "initialised", init(_dir(args), days=args.days))
 
@@ -72,24 +72,24 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_delegate(args: argparse.Namespace) -> None:
-    from edgefleet.control.keyring import delegate
+    from edgefleet.control.credentials.keyring import delegate
 
     _report(args, "delegated", delegate(_dir(args), days=args.days))
 
 
 def cmd_rotate(args: argparse.Namespace) -> None:
-    from edgefleet.control.keyring import rotate
+    from edgefleet.control.credentials.keyring import rotate
 
     _report(args, f"rotated the {args.role} key", rotate(_dir(args), args.role, days=args.days))
 
 
 def cmd_revoke(args: argparse.Namespace) -> None:
-    from edgefleet.control.keyring import revoke
+    from edgefleet.control.credentials.keyring import revoke
 
     _report(args, f"revoked {args.key_id}", revoke(_dir(args), args.key_id, days=args.days))
 
 
 def cmd_show(args: argparse.Namespace) -> None:
-    from edgefleet.control.keyring import show
+    from edgefleet.control.credentials.keyring import show
 
     _report(args, "key set", show(_dir(args)))

@@ -12,10 +12,11 @@ import signal
 import sys
 from pathlib import Path
 
-from edgefleet.cli.audit_cmd import register_audit
 from edgefleet.cli.common import add_broker, tls_files
-from edgefleet.cli.control_common import add_store, duration
-from edgefleet.cli.token_cmd import register_token
+from edgefleet.cli.control.audit import register_audit
+from edgefleet.cli.control.common import add_store, duration
+from edgefleet.cli.control.status import register_status
+from edgefleet.cli.control.token import register_token
 from edgefleet.core.errors import UserInputError
 
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     control = sub.add_parser("control", help="the control plane: ingestion, rollouts, dashboard")
     verbs = control.add_subparsers(dest="verb", required=True, metavar="VERB")
     serve = verbs.add_parser("serve", help="ingest telemetry, run rollouts and serve the dashboard until Ctrl-C")
-    add_broker(serve)
+    add_broker(serve, identity="control")
     add_store(serve)
     serve.add_argument("--http", default="127.0.0.1:8780", help="dashboard address HOST:PORT, or 'off'")
     serve.add_argument("--http-cert", type=Path, help="serve the dashboard over HTTPS with this certificate chain")
@@ -57,14 +58,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--bucket", type=duration, default=60.0, help="downsampled bucket width")
     serve.add_argument("--rollup-retention", type=duration, default=30 * 86400.0, help="keep buckets this long")
     serve.add_argument("--event-retention", type=duration, default=30 * 86400.0, help="keep events this long")
+    serve.add_argument(
+        "--device-store-mb", type=float, default=256.0,
+        help="retention by bytes: a device holding more than this in the store (its reports, quality rows and "
+        "events) loses its oldest rows, measured every 10 min; 0: no cap",
+    )  # fmt: skip
     serve.set_defaults(func=cmd_control_serve)
     register_token(verbs)
     register_audit(verbs)
+    register_status(verbs)
 
 
 # --- control serve
 def cmd_control_serve(args: argparse.Namespace) -> None:
-    from edgefleet.control.dashboard_auth import bind_warning
+    from edgefleet.control.dashboard.auth import bind_warning
     from edgefleet.control.server import ControlConfig, ControlPlane
     from edgefleet.core.topics import check_segment
 
@@ -76,13 +83,15 @@ def cmd_control_serve(args: argparse.Namespace) -> None:
         check_segment("instance name", args.instance)
     except ValueError as err:
         raise UserInputError(str(err)) from err
+    tls_ = tls_files(args)
     config = ControlConfig(
-        broker=args.broker, store_url=args.store, prefix=args.prefix, protocol=args.protocol, tls=tls_files(args),
+        broker=args.broker, store_url=args.store, prefix=args.prefix, protocol=args.protocol, tls=tls_,
         instance=args.instance, share_group=args.share_group or None, ingest=not args.no_ingest,
         engine=not args.no_engine, http_host=host, http_port=port, http_tls=tls, tick_s=args.tick,
         lease_ttl_s=args.lease_ttl,
         raw_retention_s=args.raw_retention, bucket_s=args.bucket, rollup_retention_s=args.rollup_retention,
         event_retention_s=args.event_retention, session_expiry_s=int(args.session_expiry),
+        device_store_bytes=int(args.device_store_mb * 2**20),
         broker_rights=args.broker_rights, retained_sweep_s=args.retained_sweep,
     )  # fmt: skip
     warning = bind_warning(host, port, tls=tls is not None) if port is not None else None

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from edgefleet.cli.common import fmt, print_table
 
 if TYPE_CHECKING:
-    from edgefleet.control.judge import Metrics
-    from edgefleet.control.rollout import RolloutDoc
+    from edgefleet.control.rollout.judge.wave import Metrics
+    from edgefleet.control.rollout.plan import RolloutDoc
 
 
 def _golden(m: Metrics | None) -> str:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from edgefleet.cli.common import add_json, print_json, print_table
-from edgefleet.cli.control_common import add_store, duration, open_from
+from edgefleet.cli.control.common import add_store, duration, open_from
 from edgefleet.core.errors import UserInputError
 
 
@@ -20,13 +20,18 @@ def register_token(verbs: argparse._SubParsersAction) -> None:
     token.add_argument("--ttl", type=duration, default=None, help="expire after this long (e.g. 12h, 90d)")
     token.add_argument("--list", action="store_true", help="list tokens (names and dates, never secrets)")
     token.add_argument("--revoke", metavar="NAME", help="revoke this name's token (its sessions end at once)")
+    token.add_argument(
+        "--login-url", metavar="URL", nargs="?", const="http://127.0.0.1:8780/",
+        help="print a link that logs a browser in with the new token (the dashboard's address, default "
+        "http://127.0.0.1:8780/); give such a token a short --ttl: the link holds it",
+    )  # fmt: skip
     add_store(token)
     add_json(token)
     token.set_defaults(func=cmd_control_token)
 
 
 def cmd_control_token(args: argparse.Namespace) -> None:
-    from edgefleet.control.dashboard_auth import issue_token
+    from edgefleet.control.dashboard.auth import issue_token
     from edgefleet.control.operations import Operator, audited
 
     store = open_from(args)
@@ -57,8 +62,17 @@ def cmd_control_token(args: argparse.Namespace) -> None:
             secret = issue_token(store, args.name, args.ttl)
     finally:
         store.close()
+    link = None
+    if args.login_url:
+        from urllib.parse import quote
+
+        link = f"{args.login_url.rstrip('/')}/login?token={quote(secret)}"
     if args.json:
-        print_json({"name": args.name, "token": secret, "store": args.store})
+        print_json({"name": args.name, "token": secret, "store": args.store} | ({"login_url": link} if link else {}))
+    elif link:
+        print(link)
+        print(f"(a login link for {args.name!r}: it holds the token, shown once; it works until the token expires)",
+              file=sys.stderr)  # fmt: skip
     else:
         print(secret)
         print(

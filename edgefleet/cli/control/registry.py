@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
 
-from edgefleet.cli.control_common import add_store, open_from
+from edgefleet.cli.control.common import add_store, open_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,8 +61,8 @@ def _register_devices(sub: argparse._SubParsersAction) -> None:
 
 
 def _device_rows(store: Store, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from edgefleet.control.desired import plan_desired
-    from edgefleet.control.registry import Selector, host_view, memberships, registry_warnings, require_members
+    from edgefleet.control.desired.sync import plan_desired
+    from edgefleet.control.fleet.registry import Selector, host_view, memberships, registry_warnings, require_members
 
     devices = store.devices()
     groups = store.groups()
@@ -119,9 +119,9 @@ def cmd_devices_list(args: argparse.Namespace) -> None:
 def cmd_devices_show(args: argparse.Namespace) -> None:
     import dataclasses
 
-    from edgefleet.control.desired import plan_desired
-    from edgefleet.control.quality_view import latest_task, task_cell
-    from edgefleet.control.registry import host_view, memberships, registry_warnings
+    from edgefleet.control.desired.sync import plan_desired
+    from edgefleet.control.fleet.quality_view import latest_task, task_cell
+    from edgefleet.control.fleet.registry import host_view, memberships, registry_warnings
     from edgefleet.core.errors import UnknownNameError
 
     store = open_from(args)
@@ -198,7 +198,7 @@ def cmd_devices_label(args: argparse.Namespace) -> None:
 
 
 def cmd_devices_enroll(args: argparse.Namespace) -> None:
-    from edgefleet.control.registry import REGISTRY_LINK_CAP, enrolment_labels, host_view, link_cap
+    from edgefleet.control.fleet.registry import REGISTRY_LINK_CAP, enrolment_labels, host_view, link_cap
 
     store = open_from(args)
     try:
@@ -252,7 +252,7 @@ def _register_groups(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_groups_list(args: argparse.Namespace) -> None:
-    from edgefleet.control.registry import group_members
+    from edgefleet.control.fleet.registry import group_members
 
     store = open_from(args)
     try:
@@ -285,7 +285,7 @@ def cmd_groups_list(args: argparse.Namespace) -> None:
 
 
 def cmd_groups_set(args: argparse.Namespace) -> None:
-    from edgefleet.control.registry import Selector
+    from edgefleet.control.fleet.registry import Selector
     from edgefleet.control.store import GroupDef
     from edgefleet.core.topics import check_segment
 

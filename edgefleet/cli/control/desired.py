@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_broker, add_json, print_json, print_table
-from edgefleet.cli.control_common import add_store, open_from, publish_bundles
+from edgefleet.cli.control.common import add_store, open_from, publish_bundles
 
 if TYPE_CHECKING:
     from edgefleet.control.store import Scope

@@ -7,7 +7,7 @@ import dataclasses
 import time
 
 from edgefleet.cli.common import add_json, print_json, print_table
-from edgefleet.cli.control_common import add_store, duration, open_from
+from edgefleet.cli.control.common import add_store, duration, open_from
 
 
 def register_audit(verbs: argparse._SubParsersAction) -> None:

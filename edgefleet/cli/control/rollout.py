@@ -1,4 +1,4 @@
-"""`edgefleet rollout start|status|pause|resume|abort|rollback`: rollouts in waves with guardrails."""
+"""`edgefleet rollout start|list|status|pause|resume|abort|rollback`: rollouts in waves with guardrails."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgefleet.cli.common import add_broker, add_json, fmt, print_json, print_table
+from edgefleet.cli.common import add_broker, add_json, connect, fmt, print_json, print_table
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.untrusted import safe_text
 
 if TYPE_CHECKING:
-    from edgefleet.control.rollout import RolloutDoc
+    from edgefleet.control.rollout.plan import RolloutDoc
 
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
 
-from edgefleet.cli.control_common import add_store, duration, open_from, optional_float, publish_bundles
+from edgefleet.cli.control.common import add_store, duration, open_from, optional_float, publish_bundles
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,13 +76,26 @@ def _register_rollout(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--report-timeout", type=duration, default=60.0, help="grace for late telemetry")
     w.add_argument("--min-reports", type=int, default=2, help="telemetry reports needed per device")
     start.add_argument("--no-publish", action="store_true", help="the bundles are already on the broker")
+    start.add_argument("-q", "--quiet", action="store_true", help="print only the rollout's id (for a script)")
     add_broker(start)
     add_store(start)
     add_json(start)
     start.set_defaults(func=cmd_rollout_start)
 
+    listing = verbs.add_parser("list", help="the rollouts, newest first: state, group, bundles and outcome")
+    listing.add_argument("--active", action="store_true", help="only rollouts still running (pending, paused …)")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    add_store(listing)
+    add_json(listing)
+    listing.set_defaults(func=cmd_rollout_list)
+
     status = verbs.add_parser("status", help="every rollout, or one in detail")
     status.add_argument("rollout_id", nargs="?")
+    status.add_argument(
+        "--wait", action="store_true",
+        help="follow the rollout until it ends, one line per change; exit 0 only if it succeeded",
+    )  # fmt: skip
+    status.add_argument("--timeout", type=duration, default=1800.0, help="with --wait: give up after this long")
     add_store(status)
     add_json(status)
     status.set_defaults(func=cmd_rollout_status)
@@ -101,15 +114,14 @@ def _register_rollout(sub: argparse._SubParsersAction) -> None:
 
 def cmd_rollout_start(args: argparse.Namespace) -> None:
     from edgefleet.control import operations as ops
-    from edgefleet.control.rollout_engine import bundle_ref
-    from edgefleet.core.bundle import parse_manifest, read_signed_manifest
-    from edgefleet.core.errors import BundleError
+    from edgefleet.control.rollout.engine import bundle_ref
+    from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest
 
     manifests = []
     for path in args.bundles:
         try:
             manifests.append(parse_manifest(read_signed_manifest(path).manifest_json))
-        except (OSError, BundleError) as err:
+        except OSError as err:  # a BundleError already names the file and what is wrong with it
             raise UserInputError(f"{path} is not a readable bundle: {err}") from err
     spec = ops.rollout_spec(
         [bundle_ref(m) for m in manifests], args.group, canary=args.canary, waves=args.waves.split(","),
@@ -137,10 +149,14 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
         ops.check_rollout(store, spec)  # fail before publishing anything
         if not args.no_publish:
             publish_bundles(args, store, args.bundles)
+        else:
+            _record_published(args, store, args.bundles, manifests)
         doc = ops.start_rollout(store, ops.Operator.shell(), spec)
     finally:
         store.close()
-    if args.json:
+    if args.quiet:
+        print(doc.id)
+    elif args.json:
         print_json(_rollout_json(doc))
     else:
         sizes = ", ".join(str(len(w.devices)) for w in doc.waves)
@@ -148,19 +164,123 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
         print(f"follow it with: edgefleet rollout status {doc.id}")
 
 
+def _record_published(args: argparse.Namespace, store: Any, bundles: list[Path], manifests: list[Any]) -> None:
+    """`--no-publish`: the bundles are on the broker already; record what the store lacks of them (the record and
+    the facts its rollouts weigh device reports against), from the files and the retained signed offers."""
+    from edgefleet.control.publish.chunks import retained_offers
+    from edgefleet.control.rollout.judge.bundle_facts import record_facts
+    from edgefleet.control.store import BundleRecord
+
+    missing = [(p, m) for p, m in zip(bundles, manifests, strict=True) if store.bundle_facts(m.bundle_id) is None]
+    if not missing:
+        return
+    conn, topics = connect(args, "control")
+    try:
+        offers = retained_offers(conn, topics)
+    finally:
+        conn.stop()
+    for path, manifest in missing:
+        offer = offers.get(manifest.bundle_id)
+        if offer is None:
+            raise UserInputError(
+                f"{manifest.bundle_id} is not on the broker: publish it (drop --no-publish) before rolling it out"
+            )
+        if store.bundle(manifest.bundle_id) is None:
+            store.put_bundle(BundleRecord(manifest.bundle_id, manifest.model_name, manifest.model_version,
+                                          manifest.profile, offer.transfer.size, manifest.accuracy.budget,
+                                          time.time()))  # fmt: skip
+        record_facts(store, path, manifest, offer.transfer)
+
+
+def cmd_rollout_list(args: argparse.Namespace) -> None:
+    from edgefleet.control.rollout.engine import load_doc
+    from edgefleet.control.rollout.finish import can_roll_back
+    from edgefleet.control.rollout.plan import ACTIVE_STATES
+
+    if args.limit < 1:
+        raise UserInputError("--limit takes a positive number of rollouts")
+    store = open_from(args)
+    try:
+        rows = store.rollouts(ACTIVE_STATES if args.active else None)
+    finally:
+        store.close()
+    docs = [load_doc(r) for r in sorted(rows, key=lambda r: r.created_at, reverse=True)[: args.limit]]
+    if args.json:
+        from edgefleet.control.dashboard.views import rollout_summary
+
+        print_json({"rollouts": [rollout_summary(d) for d in docs]})
+        return
+    print_table(
+        f"rollouts ({len(docs)} of {len(rows)})",
+        ["rollout", "state", "group", "bundles", "started", "wave", "devices", "rollback", "outcome"],
+        [
+            (d.id, d.state, d.spec.group, ", ".join(b.bundle_id for b in d.spec.bundles),
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)), f"{d.current_wave + 1}/{len(d.waves)}",
+             _counts(d.counts()), "yes" if can_roll_back(d) else "", safe_text(d.outcome, 200))
+            for d in docs
+        ],
+    )  # fmt: skip
+
+
 def _rollout_json(doc: RolloutDoc) -> dict[str, Any]:
-    from edgefleet.control.dashboard_views import rollout_summary
+    from edgefleet.control.dashboard.views import rollout_summary
 
     return rollout_summary(doc) | {"document": doc.model_dump(mode="json")}
 
 
-def cmd_rollout_status(args: argparse.Namespace) -> None:
-    from edgefleet.control.rollout_engine import ENGINE_LEASE, load_doc
+def cmd_rollout_status(args: argparse.Namespace) -> int:
+    if args.wait:
+        return _wait(args)
+    _status(args)
+    return 0
+
+
+def _wait(args: argparse.Namespace) -> int:
+    """Follow one rollout until it is no longer active: a line whenever its state or a wave's changes."""
+    from edgefleet.control.rollout.engine import load_doc
+    from edgefleet.core.errors import UnknownNameError
+
+    if not args.rollout_id:
+        raise UserInputError("--wait follows one rollout: give its id (`edgefleet rollout status` lists them)")
+    deadline = time.monotonic() + args.timeout
+    seen = None
+    store = open_from(args)
+    try:
+        while True:
+            row = store.rollout(args.rollout_id)
+            if row is None:
+                raise UnknownNameError("rollout", args.rollout_id, [r.id for r in store.rollouts()])
+            doc = load_doc(row)
+            now = (doc.state, tuple((w.state, w.verdict) for w in doc.waves))
+            if now != seen and not args.json:
+                waves = ", ".join(f"{'canary' if w.index == 0 else w.index}: {w.state}" for w in doc.waves)
+                print(f"{time.strftime('%H:%M:%S')} rollout {doc.id} {doc.state} ({waves})", flush=True)
+            seen = now
+            if not doc.active:
+                break
+            if time.monotonic() > deadline:
+                raise UserInputError(
+                    f"rollout {doc.id} is still {doc.state} after {args.timeout:g} s (is `edgefleet control serve` "
+                    "running? it drives rollouts)"
+                )
+            time.sleep(1.0)
+    finally:
+        store.close()
+    if args.json:
+        print_json(_rollout_json(doc))
+    else:
+        print(f"rollout {doc.id}: {doc.state}; {safe_text(doc.outcome, 400)}")
+    return 0 if doc.state == "succeeded" else 1
+
+
+def _status(args: argparse.Namespace) -> None:
+    from edgefleet.control.health import health_report
+    from edgefleet.control.rollout.engine import ENGINE_LEASE, load_doc
     from edgefleet.core.errors import UnknownNameError
 
     store = open_from(args)
     try:
-        lease = store.lease(ENGINE_LEASE)
+        lease, health = store.lease(ENGINE_LEASE), health_report(store)
         if args.rollout_id:
             row = store.rollout(args.rollout_id)
             if row is None:
@@ -170,12 +290,12 @@ def cmd_rollout_status(args: argparse.Namespace) -> None:
             docs = [load_doc(r) for r in store.rollouts()]
     finally:
         store.close()
-    engine = "running" if lease and lease[1] > time.time() else "not running"
+    engine = engine_text(lease, health)
     if args.json:
         if args.rollout_id:
             print_json(_rollout_json(docs[0]) | {"engine": engine})
         else:
-            from edgefleet.control.dashboard_views import rollout_summary
+            from edgefleet.control.dashboard.views import rollout_summary
 
             print_json({"engine": engine, "rollouts": [rollout_summary(d) for d in docs]})
         return
@@ -202,21 +322,35 @@ def cmd_rollout_status(args: argparse.Namespace) -> None:
             for w in doc.waves
         ],
     )  # fmt: skip
-    from edgefleet.cli.rollout_view import print_quality
+    from edgefleet.cli.control.rollout_view import print_quality
 
     print_table(
         "devices",
-        ["device", "wave", "state", "from", "to", "baseline p95", "p95", "golden", "reason"],
+        ["device", "wave", "state", "reported", "back to", "to", "baseline p95", "p95", "golden", "reason"],
         [
-            (p.device_id, p.wave, p.state, p.previous_bundle, p.target_bundle,
-             fmt(p.baseline.p95_ms if p.baseline else None), fmt(p.observed.p95_ms if p.observed else None),
-             fmt(p.observed.golden_agreement if p.observed else None, 3), p.reason)
+            (p.device_id, p.wave, p.state, safe_text(p.reported_bundle, 80), p.previous_bundle or "-",
+             p.target_bundle, fmt(p.baseline.p95_ms if p.baseline else None),
+             fmt(p.observed.p95_ms if p.observed else None),
+             fmt(p.observed.golden_agreement if p.observed else None, 3),
+             safe_text("; ".join([p.reason, *(f"warning: {w}" for w in p.warnings)]), 400))
             for p in sorted(doc.devices.values(), key=lambda p: (p.wave, p.device_id))
         ],
     )  # fmt: skip
     print_quality(doc)
+    for device_id, why in sorted(doc.left_out.items()):
+        print(f"left out: {device_id}: {safe_text(why, 300)}")
     for entry in doc.log[-15:]:
         print(f"{time.strftime('%H:%M:%S', time.localtime(entry.ts))} {safe_text(entry.message, 400)}")
+
+
+def engine_text(lease: tuple[str, float] | None, health: list[dict[str, Any]]) -> str:
+    """ "running", or what the engine is instead and why (edgefleet/control/health.py engine_summary)."""
+    from edgefleet.control.health import engine_summary
+
+    summary = engine_summary(lease, health, time.time())
+    if summary["state"] in ("running", "never ran", "not running"):
+        return str(summary["state"])
+    return f"{summary['state']}: {safe_text(str(summary['detail']), 300)}"
 
 
 def _counts(counts: dict[str, int]) -> str:

@@ -1,0 +1,1 @@
+"""The control-plane commands: serve, devices, groups, desired state, rollouts, tokens, audit."""
