@@ -8,20 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.control import keyring
-from edgefleet.control.embedded_broker import EmbeddedBroker
-from edgefleet.core.mqtt import Connection
+from edgefleet.control.broker.embedded import EmbeddedBroker
+from edgefleet.control.credentials import keyring
+from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.profiles import Profile
-from edgefleet.core.signing import SigningKey, TrustedKeys
 from edgefleet.core.topics import Topics
+from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
-from brokers import MosquittoBroker
-from fleet_helpers import DIGITS, AgentProcess, FleetWatcher
-from host_cpu import hide_cpu_flags_from_env
-from pg_server import PostgresServer
+from support.fleet import AgentProcess, FleetWatcher
+from support.host_cpu import as_this_host, hide_cpu_flags_from_env
+from support.paths import DIGITS
+from support.servers.brokers import MosquittoBroker
+from support.servers.pg_server import PostgresServer
 
-# The attack ledger's fixture and its end-of-session table (tests/attack_ledger.py).
-pytest_plugins = ["attack_ledger"]
+# Fixtures that live beside their helpers: the attack ledger (and its end-of-session table), the local API's
+# loaded models, the quality tests' bundles, the rollout tests' bundles.
+pytest_plugins = [
+    "support.attacks.ledger",
+    "support.local_api",
+    "support.models.quality_bundles",
+    "support.rollouts.fleet",
+]
 
 hide_cpu_flags_from_env()  # EDGEFLEET_TEST_CPU_WITHOUT: profile matching as on a CPU without those flags
 
@@ -94,7 +101,7 @@ def signing_key(keys: tuple[Path, Path]) -> SigningKey:
 @pytest.fixture(scope="session")
 def demo_bundles(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> dict[str, Path]:
     """The digits CNN converted for both starting profiles, version 1."""
-    from edgefleet.converter.build import ConvertRequest, convert
+    from edgefleet.converter import ConvertRequest, convert
     from edgefleet.core.profiles import get_profile
 
     out = tmp_path_factory.mktemp("bundles")
@@ -117,8 +124,14 @@ def demo_bundles(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningK
 
 
 def _demo_profile(profile: Profile) -> Profile:
-    """EDGEFLEET_TEST_DEMO_PRECISION=int8-static (or fp32) restricts the demo profiles to that recipe, to run the
+    """The profile with this host as its hardware (tests/support/host_cpu.py): the agents the tests start run on
+    this CPU whatever profile they claim, so the bundle is judged and timed on it too. (An intel-x86-vnni INT8 bundle
+    judged as a VNNI CPU computes it is rightly refused by a device whose CPU lacks VNNI: its fused kernels
+    saturate.)
+
+    EDGEFLEET_TEST_DEMO_PRECISION=int8-static (or fp32) restricts the demo profiles to that recipe, to run the
     suite here under the recipe another CPU picks (CI's has picked INT8 where this one picked FP32)."""
+    profile = as_this_host(profile)
     forced = os.environ.get("EDGEFLEET_TEST_DEMO_PRECISION")
     if not forced:
         return profile

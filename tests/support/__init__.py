@@ -1,0 +1,1 @@
+"""Test and benchmark support: brokers, servers, agent processes, simulated devices, models."""

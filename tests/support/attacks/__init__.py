@@ -1,0 +1,1 @@
+"""The attack ledger and what the attack tests share."""

@@ -1,0 +1,1 @@
+"""Models and bundles made for the tests: the real-model corpus, small models with known behaviour."""

@@ -1,0 +1,1 @@
+"""Rollout fixtures: a control plane with simulated or real devices, traffic, a lying device."""

@@ -1,0 +1,1 @@
+"""Simulated agents: real MQTT clients speaking the agent's protocol, for tests and benchmarks."""
