@@ -20,10 +20,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from edgefleet.agent.runtime import LoadedModel  # noqa: E402
-from edgefleet.agent.selection_threads import bundle_threads  # noqa: E402
-from edgefleet.core.bundle import unpack_bundle  # noqa: E402
-from edgefleet.core.signing import TrustedKeys  # noqa: E402
+from edgefleet.agent.runtime.model import LoadedModel  # noqa: E402
+from edgefleet.agent.runtime.selection.threads import bundle_threads  # noqa: E402
+from edgefleet.core.bundle.archive import unpack_bundle  # noqa: E402
+from edgefleet.core.trust.signing import TrustedKeys  # noqa: E402
 
 
 def main() -> None:

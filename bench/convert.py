@@ -28,17 +28,19 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # test helpers: model paths
 from convert_mixed import mixed_recipes
 
-from edgefleet.converter.accuracy import Budget, gate
-from edgefleet.converter.build import ConvertRequest, convert
-from edgefleet.converter.measure import interleaved_latency, openvino_runner, ort_runner, predict
+from edgefleet.converter import ConvertRequest, convert
 from edgefleet.converter.passes import openvino as ovp
 from edgefleet.converter.passes import precision as prec
+from edgefleet.converter.roofline import Artifact, machine_limits, rooflines
+from edgefleet.converter.runners import openvino_runner, ort_runner, predict
+from edgefleet.converter.search.gate import Budget, gate
+from edgefleet.converter.timing.latency import interleaved_latency
 from edgefleet.core.errors import ConversionError
 from edgefleet.core.profiles import get_profile
-from edgefleet.core.signing import SigningKey, generate_keypair
 from edgefleet.core.tensors import load_dataset
+from edgefleet.core.trust.signing import SigningKey, generate_keypair
 
-from fleet_helpers import silero_model
+from support.fleet import silero_model
 
 REPO = Path(__file__).resolve().parent.parent
 SILERO = silero_model()
@@ -59,7 +61,7 @@ CASES = {
 
 
 def _baselines(model: Path, pins: dict[str, np.ndarray], calib, threads: int, names: list[str]):  # type: ignore[no-untyped-def]
-    from edgefleet.converter.model import load_model
+    from edgefleet.converter import load_model
     from edgefleet.converter.passes.graph import PinConfig, pin_inputs
 
     proto = load_model(model).proto  # as exported, with -1 dims made symbolic and ZipMaps made tensors
@@ -73,11 +75,11 @@ def _baselines(model: Path, pins: dict[str, np.ndarray], calib, threads: int, na
         except ConversionError as err:
             built[name] = err
 
-    add("ORT FP32", lambda: (ort_runner(proto, threads), len(proto.SerializeToString())))
+    add("ORT FP32", lambda: (ort_runner(proto, threads), len(proto.SerializeToString()), proto, None))
 
     def dyn():  # type: ignore[no-untyped-def]
         q = prec.quantize_int8_dynamic(proto, prec.DynamicConfig(op_types=()))
-        return ort_runner(q, threads), len(q.SerializeToString())
+        return ort_runner(q, threads), len(q.SerializeToString()), q, None
 
     add("ORT INT8 dynamic", dyn)
 
@@ -95,19 +97,19 @@ def _baselines(model: Path, pins: dict[str, np.ndarray], calib, threads: int, na
                     quantize_static(str(src), str(out), prec._Reader(calib, 256))
                 except Exception as err:
                     raise ConversionError(str(err).splitlines()[0]) from err
-            return ort_runner(out, threads), out.stat().st_size
+            return ort_runner(out, threads), out.stat().st_size, onnx.load(str(out)), None
 
     add("ORT INT8 static (defaults)", static)
 
     def ov_fp32():  # type: ignore[no-untyped-def]
         art = ovp.export_openvino(proto, ovp.OpenVINOConfig(None))
-        return openvino_runner(art, names, threads), len(proto.SerializeToString())
+        return openvino_runner(art, names, threads), len(proto.SerializeToString()), art.model, None
 
     add("OpenVINO FP32 (default: bf16 here)", ov_fp32)
 
     def ov_f32():  # type: ignore[no-untyped-def]
         art = ovp.export_openvino(proto, ovp.OpenVINOConfig("f32"))
-        return openvino_runner(art, names, threads), len(proto.SerializeToString())
+        return openvino_runner(art, names, threads), len(proto.SerializeToString()), art.model, "f32"
 
     add("OpenVINO FP32 (f32 hint)", ov_f32)
 
@@ -116,14 +118,14 @@ def _baselines(model: Path, pins: dict[str, np.ndarray], calib, threads: int, na
         with tempfile.TemporaryDirectory() as tmp:
             files = art.save(Path(tmp) / "m.xml")
             size = sum(f.stat().st_size for f in files)
-        return openvino_runner(art, names, threads), size
+        return openvino_runner(art, names, threads), size, art.model, None
 
     add("OpenVINO+NNCF INT8", ov_nncf)
     return built
 
 
 def _chosen(bundle: Path, threads: int, names: list[str], work: Path):  # type: ignore[no-untyped-def]
-    from edgefleet.core.bundle import parse_manifest, read_signed_manifest
+    from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest
 
     manifest = parse_manifest(read_signed_manifest(bundle).manifest_json)
     with tarfile.open(bundle) as tar:
@@ -138,8 +140,8 @@ def _chosen(bundle: Path, threads: int, names: list[str], work: Path):  # type: 
         passes = [p for p in manifest.recipe.passes if p.name == "openvino-ir"]
         hint = passes[0].params.get("inference_precision_hint") if passes else None
         art = ovp.OpenVINOArtifact(ov.Core().read_model(str(path)), hint, False)  # type: ignore[arg-type]
-        return openvino_runner(art, names, threads), size
-    return ort_runner(path, threads), size
+        return openvino_runner(art, names, threads), size, path, hint
+    return ort_runner(path, threads), size, path, None
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ class Case:
 
 
 def _corpus_cases(work: Path, count: int) -> list[Case]:
-    import corpus
+    from support.models import corpus
 
     cases = []
     for model in corpus.MODELS:
@@ -177,8 +179,8 @@ def _run_case(
     budget_s: float | None,
     mixed: bool = True,
 ) -> list[dict[str, object]]:
-    from edgefleet.converter.accuracy import plan_metric, score
-    from edgefleet.converter.model import load_model
+    from edgefleet.converter import load_model
+    from edgefleet.converter.search.gate import plan_metric, score
 
     profile = get_profile(profile_name)
     print(f"== {case.name}: converting with edgefleet ({profile.name})", file=sys.stderr, flush=True)
@@ -216,7 +218,7 @@ def _run_case(
         )
     ok = {n: r for n, r in runners.items() if not isinstance(r, Exception)}
     acc = {}
-    for name, (run, _size) in ok.items():
+    for name, (run, *_rest) in ok.items():
         try:
             acc[name] = score(predict(run, evaluation), reference, evaluation.labels, plan)
         except ConversionError as err:
@@ -238,6 +240,9 @@ def _run_case(
     load = [round(os.getloadavg()[0], 2)]
     lat = interleaved_latency({n: r[0] for n, r in ok.items()}, evaluation, rounds=rounds)
     load.append(round(os.getloadavg()[0], 2))
+    limits = machine_limits(threads, REPO / "bench" / "results" / "cache")
+    artifacts = [Artifact(n, _runtime_of(r[2]), r[2], lat[n].median_ms, r[3]) for n, r in ok.items()]
+    lines = rooflines(artifacts, evaluation.sample(0), limits)
     rows: list[dict[str, object]] = []
     for name, value in runners.items():
         if isinstance(value, Exception):
@@ -249,7 +254,7 @@ def _run_case(
                 "model": case.name, "source": case.source, "profile": profile.name, "recipe": name,
                 "threads": threads, "median_ms": lat[name].median_ms, "size_kb": value[1] / 1e3, "metric": s.metric,
                 "value": s.value, "bar": budget.floor(plan.name, ref), "meets_bar": gate(s, ref, budget) is None,
-                "load_average": load,
+                "load_average": load, "roofline": lines.get(name), "limits": limits.as_dict(),
             }
         )  # fmt: skip
     passing = [r for r in rows if r.get("meets_bar") and not str(r["recipe"]).startswith(("edgefleet", "mixed"))]
@@ -260,7 +265,7 @@ def _run_case(
                 best_ms = min(float(r["median_ms"]) for r in passing)  # type: ignore[arg-type]
                 row["speedup_vs_fastest_passing_baseline"] = best_ms / float(row["median_ms"])  # type: ignore[arg-type]
     chosen = next((r for r in rows if str(r["recipe"]).startswith("edgefleet")), None)
-    if chosen is not None and result.head_to_head:  # how the search decided (converter/head_to_head.py)
+    if chosen is not None and result.head_to_head:  # how the search decided (converter/search/head_to_head.py)
         chosen["head_to_head"] = result.head_to_head
     fp32 = next((r for r in rows if r["recipe"] == "ORT FP32" and "median_ms" in r), None)
     if chosen and "median_ms" in chosen:
@@ -277,9 +282,22 @@ def _run_case(
     return rows
 
 
+def _runtime_of(graph: object) -> str:
+    return "onnxruntime" if isinstance(graph, onnx.ModelProto) or str(graph).endswith(".onnx") else "openvino"
+
+
+def _limit(row: dict[str, object]) -> str:
+    """% of the limit and the bound (converter.roofline), e.g. "12% compute"."""
+    line = row.get("roofline")
+    if not isinstance(line, dict) or line.get("limit_pct") is None:
+        return "-"
+    return f"{line['limit_pct']:.0f}% {str(line['bound'])[:3]}"
+
+
 def _print(rows: list[dict[str, object]]) -> None:
     print(
         f"{'model':17} {'recipe':40} {'median ms':>9} {'size KB':>8} {'score':>8} {'bar':>7} {'ok':>3} {'vs best':>7}"
+        f" {'limit':>9} {'GMAC':>7}"
     )
     for r in rows:
         if "error" in r:
@@ -287,13 +305,23 @@ def _print(rows: list[dict[str, object]]) -> None:
             continue
         vs = f"{r['vs_fastest_passing_baseline']:.2f}x" if "vs_fastest_passing_baseline" in r else ""
         vs = f"{r['speedup_vs_fastest_passing_baseline']:.2f}x up" if "speedup_vs_fastest_passing_baseline" in r else vs
+        line = r.get("roofline")
+        macs = f"{line['work']['macs'] / 1e9:7.3f}" if isinstance(line, dict) and "work" in line else f"{'-':>7}"
         print(
             f"{r['model']!s:17} {r['recipe']!s:40} {r['median_ms']:9.3f} {r['size_kb']:8.1f} {r['value']:8.4g} "
-            f"{r['bar']:7.4g} {'yes' if r['meets_bar'] else 'no':>3} {vs:>7}"
+            f"{r['bar']:7.4g} {'yes' if r['meets_bar'] else 'no':>3} {vs:>7} {_limit(r):>9} {macs}"
         )
     loads = {str(r["model"]): r["load_average"] for r in rows if "load_average" in r}
     for model, load in loads.items():
         print(f"{model}: 1-minute load average {load[0]} before the timing rounds, {load[1]} after")  # type: ignore[index]
+    limits = next((r["limits"] for r in rows if isinstance(r.get("limits"), dict)), None)
+    if isinstance(limits, dict):
+        rates = "; ".join(f"{rt} {', '.join(f'{p} {v:.0f}' for p, v in v.items())}"
+                          for rt, v in limits["gemm_gops"].items() if v)  # fmt: skip
+        print(
+            f"limits at {limits['threads']} threads ({limits['cpu']}, measured {limits['measured_at']}, load "
+            f"{limits['load_average']}): GEMM GOP/s {rates}; bandwidth {limits['bandwidth_gbs']:.1f} GB/s"
+        )
     for r in rows:
         h2h = r.get("head_to_head")
         if isinstance(h2h, dict):
@@ -304,7 +332,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=None, help="default 1, or 2 with --corpus")
     parser.add_argument("--profile", default="intel-x86-vnni")
-    parser.add_argument("--corpus", action="store_true", help="the real third-party models of tests/corpus.py")
+    parser.add_argument(
+        "--corpus", action="store_true", help="the real third-party models of tests/support/models/corpus.py"
+    )
     parser.add_argument("--only", action="append", default=None, help="only these cases (repeat)")
     parser.add_argument("--samples", type=int, default=24, help="--corpus: calibration and evaluation samples")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (30 runs each)")

@@ -2,12 +2,12 @@
 the layers that cost the score kept in float, built by edgefleet's passes and timed with the other recipes.
 
 - "mixed: OV+NNCF accuracy control": nncf.quantize_with_accuracy_control driven by the task metric against the
-  FP32 reference at the task's bar (converter/precision_nncf.py), float layers at f32 and, where the CPU computes
+  FP32 reference at the task's bar (converter/mixed/nncf.py), float layers at f32 and, where the CPU computes
   bf16 natively, at bf16.
 - "mixed: ORT INT8 static, exclusion search": U8S8 per-channel QDQ with its worst layers by local error in float
   (converter/passes/quantize_local.py), the float set grown 1, 2, 4, ... and bisected
-  (converter/precision_search.py). Both mixed rows select and are scored on the bench's whole evaluation set (the
-  converter itself judges them on a held-out split: converter/precision_holdout.py).
+  (converter/mixed/float_set.py). Both mixed rows select and are scored on the bench's whole evaluation set (the
+  converter itself judges them on a held-out split: converter/mixed/holdout.py).
 """
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgefleet.converter.accuracy import MetricPlan, score
-from edgefleet.converter.heads import PLUMBING
-from edgefleet.converter.measure import Runner, openvino_runner, ort_runner, predict
 from edgefleet.converter.passes import openvino as ovp
 from edgefleet.converter.passes import precision as prec
+from edgefleet.converter.passes.heads import PLUMBING
+from edgefleet.converter.passes.nncf_accuracy import MixedNNCFConfig, quantize_to_bar
 from edgefleet.converter.passes.quantize_local import local_report
-from edgefleet.converter.precision_nncf import MixedNNCFConfig, quantize_to_bar
-from edgefleet.converter.precision_search import search_float_set
-from edgefleet.converter.search import bf16_native
+from edgefleet.converter.runners import Runner, openvino_runner, ort_runner, predict
+from edgefleet.converter.search.gate import MetricPlan, score
+from edgefleet.converter.search.mixed.float_set import search_float_set
+from edgefleet.converter.search.plan import bf16_native
 from edgefleet.core.errors import ConversionError
 from edgefleet.core.tensors import Dataset
 
-Built = dict[str, Any]  # recipe name → (runner, size bytes) or the error that stopped it
+Built = dict[str, Any]  # recipe name → (runner, size bytes, graph, OpenVINO hint) or the error that stopped it
 
 
 def mixed_recipes(
@@ -65,7 +65,7 @@ def mixed_recipes(
             hints = ["f32", "bf16"] if bf16_native("CPU") else ["f32"]
             for hint in hints:
                 runner = openvino_runner(ovp.OpenVINOArtifact(art.model, hint, False), names, threads)
-                built[f"mixed: OV+NNCF accuracy control ({hint})"] = (runner, size)
+                built[f"mixed: OV+NNCF accuracy control ({hint})"] = (runner, size, art.model, hint)
     if misses("ORT INT8 static (defaults)"):
         log("mixed: ORT INT8 static, exclusion search")
         try:
@@ -99,12 +99,12 @@ def _ort_exclusion(
         ranked = [(w.node,) for w in layers.worst(len(layers.layers)) if w.node and w.op_type not in PLUMBING][:64]
         ranked = list(dict.fromkeys(ranked))
 
-    def try_count(count: int) -> tuple[tuple[Runner, int], bool]:
+    def try_count(count: int) -> tuple[tuple[Runner, int, onnx.ModelProto, None], bool]:
         names = tuple(dict.fromkeys(n for layer in ranked[:count] for n in layer))
         model = prec.quantize_int8_static(proto, prec.StaticConfig(exclude_nodes=names), calib)
         runner = ort_runner(model, threads)
         value = score(predict(runner, evaluation), reference, evaluation.labels, plan).value
-        return (runner, len(model.SerializeToString())), value >= bar - 1e-12
+        return (runner, len(model.SerializeToString()), model, None), value >= bar - 1e-12
 
     found = search_float_set(len(ranked), try_count)
     tried = ", ".join(f"{t.count}: {'meets' if t.passed else 'misses'}" for t in found.trials)

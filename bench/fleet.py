@@ -2,7 +2,7 @@
 
     python bench/fleet.py [--steps 1000,2000,3000,4000,5000] [--backends sqlite,postgresql] [--instances 2]
                           [--interval 1] [--duration 20] [--per-proc 1000] [--rollout-devices 500]
-                          [--bundle-mb 10] [--json] [--out FILE]
+                          [--bundle-mb 10] [--cpu-hog N] [--store-stall S] [--json] [--out FILE]
 
 For each backend, one Mosquitto and `--instances` real `control serve` processes on one store (they split
 ingestion through shared subscriptions; one holds the engine lease). The simulated agents (real MQTT
@@ -18,6 +18,11 @@ At the last step, a `--bundle-mb` bundle to `--rollout-devices` devices: the bro
 same bytes against a real one-wave rollout (engine → desired → offer → windowed retained blocks →
 per-block sha256 → committed status). At the end every simulator waits for its last PUBACK and every
 report the broker acknowledged is looked up in the store by (device, seq): lost = acknowledged, not stored.
+
+Under load: `--cpu-hog N` keeps N processes spinning beside everything for the whole run, and `--store-stall S`
+stops the store for S seconds at the last step, after its steady state (PostgreSQL: its processes get SIGSTOP,
+then SIGCONT; SQLite: another connection holds the write lock): the reports acknowledged meanwhile, and how long
+after the store is back until everything acknowledged is stored. The goal: 0 lost once the run settles.
 """
 
 from __future__ import annotations
@@ -40,23 +45,26 @@ from fleet_parts import (
     Sims,
     backend_store,
     broker,
+    cpu_hog,
     cpu_seconds,
     instances,
     lost,
     postgres_pids,
     raw_fanout,
+    store_stalled,
 )
 
-from edgefleet.control.keyring import init as init_keys
-from edgefleet.control.publish import publish_bundle
-from edgefleet.control.rollout_engine import bundle_ref, load_doc, make_spec, prepare_rollout
-from edgefleet.control.simulate import synthetic_bundle
-from edgefleet.control.store import BundleRecord, Deployment, GroupDef, Store
-from edgefleet.control.store_open import open_store
-from edgefleet.control.store_sql_base import write_ms_quantile
-from edgefleet.core.mqtt import Connection
-from edgefleet.core.signing import SigningKey
+from edgefleet.control.credentials.keyring import init as init_keys
+from edgefleet.control.fleet.registry import enrolment_labels
+from edgefleet.control.publish.publisher import publish_bundle
+from edgefleet.control.rollout.engine import bundle_ref, load_doc, make_spec, prepare_rollout
+from edgefleet.control.rollout.judge.bundle_facts import record_facts
+from edgefleet.control.store import BundleRecord, Deployment, GroupDef, Store, open_store, write_ms_quantile
+from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
+from edgefleet.core.trust.signing import SigningKey
+
+from support.simulate.agents import synthetic_bundle
 
 PROFILE = "generic-x86-64"
 
@@ -71,9 +79,12 @@ def wait_for(predicate: Any, timeout: float, every: float = 0.2) -> bool:
 
 
 def publish(host: Connection, store: Store, path: Path) -> Any:
+    """Publish and record the bundle with its facts (what a rollout weighs the devices' reports against), as
+    `rollout start` does."""
     manifest, offer = publish_bundle(host, Topics(), path)
     store.put_bundle(BundleRecord(manifest.bundle_id, manifest.model_name, manifest.model_version, manifest.profile,
                                   offer.transfer.size, 0.01, time.time()))  # fmt: skip
+    record_facts(store, path, manifest, offer.transfer)
     return manifest
 
 
@@ -98,6 +109,25 @@ def steady(store: Store, sims: Sims, pids: dict[str, list[int]], devices: int, d
         "simulators_cpu_pct": cpu["sims"],
         "store_write_p95_ms": p95,
         "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def stall(store: Store, store_url: str, pg: Any, sims: Sims, seconds: float) -> dict[str, Any]:
+    """The store stops for `seconds`: what the devices had acknowledged meanwhile, and how long until it is all
+    stored once the store is back."""
+    acked0, stored0 = sims.total("telemetry_acked"), store.telemetry_count()
+    with store_stalled(store_url, pg) as how:
+        time.sleep(seconds)
+        acked1 = sims.total("telemetry_acked")
+    back = time.monotonic()
+    caught_up = wait_for(lambda: store.telemetry_count() - stored0 >= acked1 - acked0, 300, 0.5)
+    return {
+        "how": how,
+        "seconds": seconds,
+        "acked_during": acked1 - acked0,
+        "caught_up": caught_up,
+        "catch_up_s": round(time.monotonic() - back, 1),
+        "stored_after": store.telemetry_count() - stored0,
     }
 
 
@@ -138,6 +168,8 @@ def bundle_vs_raw(store: Store, host: Connection, sims: Sims, work: Path, key: S
     raw_s = raw_fanout(host, sims, targets, big.stat().st_size)
     manifest = publish(host, store, big)
     store.put_group(GroupDef("bench-rollout", tuple(targets), priority=10))
+    for device in targets:  # a rollout plans enrolled devices only (the host's records decide)
+        store.set_labels(device, enrolment_labels(PROFILE, ["bench-all", "bench-rollout"]))
     cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
     wall0 = time.monotonic()
     spec = make_spec(
@@ -202,6 +234,9 @@ def _run_steps(
             pids = {"control": [p.pid for p in planes], "broker": [mosquitto._process.pid],  # type: ignore[union-attr]
                     "sims": sims.pids(), **({"postgres": postgres_pids(pg)} if pg else {})}  # fmt: skip
             step["steady"] = steady(store, sims, pids, devices, args.duration)
+            if args.store_stall and index == len(args.steps) - 1:
+                step["stall"] = stall(store, store_url, pg, sims, args.store_stall)
+                print(f"[{kind}] stall {json.dumps(step['stall'])}", file=sys.stderr, flush=True)
             tiny = synthetic_bundle(work, key, model_name="bench-desired", version=str(index + 1),
                                     size_bytes=4096, seed=index)  # fmt: skip
             step["group_change"] = group_change(store, host, sims, tiny, devices)
@@ -249,6 +284,13 @@ def print_table(reports: list[dict[str, Any]]) -> None:
         print(f"{r['backend']}: telemetry sent {t['sent']} / acknowledged {t['acked']} / stored {t['stored']}; "
               f"lost {t['lost']}, stored twice {t['stored_twice']}, duplicates dropped {t['duplicates_dropped']}, "
               f"store errors {t['store_errors']}")  # fmt: skip
+        for step in r["steps"]:
+            s = step.get("stall")
+            if s:
+                outcome = (f"all stored {s['catch_up_s']} s after it was back" if s["caught_up"]
+                           else f"NOT all stored within 300 s ({s['stored_after']} stored)")  # fmt: skip
+                print(f"{r['backend']}: store stalled {s['seconds']:g} s at {step['devices']} devices ({s['how']}): "
+                      f"{s['acked_during']} reports acknowledged meanwhile, {outcome}")  # fmt: skip
         b = r.get("bundle")
         if b:
             print(f"{r['backend']}: {b['bundle_mb']} MB to {b['devices']} devices: raw fan-out {b['raw_fanout_s']} s "
@@ -267,13 +309,16 @@ def main() -> int:
     parser.add_argument("--per-proc", type=int, default=1000, help="simulated devices per simulator process")
     parser.add_argument("--rollout-devices", type=int, default=500, help="0: skip the bundle transfer")
     parser.add_argument("--bundle-mb", type=float, default=10.0)
+    parser.add_argument("--cpu-hog", type=int, default=0, help="processes spinning beside the run (a loaded machine)")
+    parser.add_argument("--store-stall", type=float, default=0.0, help="stop the store this long at the last step (s)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--out", type=Path, help="also write the JSON document here")
     args = parser.parse_args()
     args.steps = sorted(int(s) for s in args.steps.split(","))
-    reports = [run_backend(kind.strip(), args) for kind in args.backends.split(",")]
+    with cpu_hog(args.cpu_hog):
+        reports = [run_backend(kind.strip(), args) for kind in args.backends.split(",")]
     document = {"cpus": psutil.cpu_count(), "interval_s": args.interval, "per_proc": args.per_proc,
-                "results": reports}  # fmt: skip
+                "cpu_hog": args.cpu_hog, "store_stall_s": args.store_stall, "results": reports}  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(document, indent=2) + "\n")
     if args.json:

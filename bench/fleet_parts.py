@@ -20,12 +20,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the helpers that start Mosquitto, PostgreSQL and `control serve`
 
-from edgefleet.control.simulate import SimFleet  # noqa: E402
-from edgefleet.core.mqtt import Connection  # noqa: E402
+from edgefleet.core.mqtt.connection import Connection  # noqa: E402
 
-from brokers import MosquittoBroker  # noqa: E402
-from control_procs import ServeProcess  # noqa: E402
-from pg_server import PostgresServer  # noqa: E402
+from support.servers.brokers import MosquittoBroker  # noqa: E402
+from support.servers.control_procs import ServeProcess  # noqa: E402
+from support.servers.pg_server import PostgresServer  # noqa: E402
+from support.simulate.agents import SimFleet  # noqa: E402
 
 BLOCK = 128 * 1024
 
@@ -155,6 +155,53 @@ def raw_fanout(host: Connection, sims: Sims, devices: list[str], size: int) -> f
             raise RuntimeError("raw fan-out did not complete")
         time.sleep(0.05)
     return time.perf_counter() - start
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def cpu_hog(count: int) -> Iterator[list[int]]:
+    """`count` processes that each keep a core busy for as long as the block runs (a machine deliberately loaded)."""
+    procs = [multiprocessing.Process(target=_spin, name=f"cpu-hog-{i}", daemon=True) for i in range(count)]
+    for proc in procs:
+        proc.start()
+    try:
+        yield [p.pid for p in procs if p.pid is not None]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join(5)
+
+
+@contextlib.contextmanager
+def store_stalled(store_url: str, pg: PostgresServer | None) -> Iterator[str]:
+    """The store stops answering for as long as the block runs: PostgreSQL's processes are stopped (SIGSTOP, as a
+    hung disk or a paused VM would stop them); SQLite's write lock is held by another connection."""
+    import signal
+    import sqlite3
+
+    if pg is not None:
+        pids = postgres_pids(pg)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield f"SIGSTOP of {len(pids)} PostgreSQL processes"
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        return
+    path = store_url.removeprefix("sqlite://")
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield "SQLite's write lock held by another connection"
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
 
 
 def lost(store: Any, acked: dict[str, list[int]], settle_s: float = 120.0) -> tuple[int, int]:

@@ -3,9 +3,9 @@ activation against the float model's, error carried from upstream) and the local
 (converter/passes/quantize_local.py, what the converter ranks by now).
 
 For each model: plain ORT INT8 static (U8S8 per-channel, MinMax, ONNX Runtime's defaults otherwise), then the
-exclusion search (converter/precision_search.py: float set grown 1, 2, 4, ... then bisected) under each ranking,
+exclusion search (converter/mixed/float_set.py: float set grown 1, 2, 4, ... then bisected) under each ranking,
 its builds confirmed on the selection split of the evaluation set and the variant it settles on scored on the
-held-out split (converter/precision_holdout.py: the seeded split the converter uses). Printed as a table and
+held-out split (converter/mixed/holdout.py: the seeded split the converter uses). Printed as a table and
 written to bench/results/layer_rank.json.
 
     python bench/layer_rank.py                       # the two constructed models and ppocr-rec
@@ -29,13 +29,13 @@ import onnx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # test helpers: the constructed models, the corpus
 
-from edgefleet.converter.accuracy import MetricPlan, plan_metric, score  # noqa: E402
-from edgefleet.converter.heads import PLUMBING  # noqa: E402
-from edgefleet.converter.measure import ort_runner, predict  # noqa: E402
 from edgefleet.converter.passes import precision as prec  # noqa: E402
+from edgefleet.converter.passes.heads import PLUMBING  # noqa: E402
 from edgefleet.converter.passes.quantize_local import CARRIES_SCALE, local_report  # noqa: E402
-from edgefleet.converter.precision_holdout import split_indices  # noqa: E402
-from edgefleet.converter.precision_search import search_float_set  # noqa: E402
+from edgefleet.converter.runners import ort_runner, predict  # noqa: E402
+from edgefleet.converter.search.gate import MetricPlan, plan_metric, score  # noqa: E402
+from edgefleet.converter.search.holdout import split_indices  # noqa: E402
+from edgefleet.converter.search.mixed.float_set import search_float_set  # noqa: E402
 from edgefleet.core.errors import ConversionError  # noqa: E402
 from edgefleet.core.tensors import Dataset  # noqa: E402
 
@@ -44,7 +44,7 @@ Trial = tuple[onnx.ModelProto, int, int, float]  # the model, its float nodes, o
 
 
 def _constructed(work: Path, samples: int) -> dict[str, Callable[[], Case]]:
-    from mixed_models import outlier_conv_model, outlier_model
+    from support.models.mixed import outlier_conv_model, outlier_model
 
     task = ("per-position-agreement", 0.95)
     return {
@@ -54,7 +54,7 @@ def _constructed(work: Path, samples: int) -> dict[str, Callable[[], Case]]:
 
 
 def _corpus(work: Path, samples: int, name: str) -> Case:
-    import corpus
+    from support.models import corpus
 
     model = corpus.by_name(name)
     calib, evaluation = corpus.dataset(model, work / "data", count=samples)

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # test helpers: corpus, silero
-from edgefleet.converter import phases
-from edgefleet.converter.build import ConvertRequest, convert
+from edgefleet.converter import ConvertRequest, convert, phases
 from edgefleet.core.profiles import get_profile
-from edgefleet.core.signing import SigningKey, generate_keypair
+from edgefleet.core.trust.signing import SigningKey, generate_keypair
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = ("prepare", "export", "quantize", "calibration", "accuracy", "layer-report", "timing")
@@ -69,11 +68,11 @@ def calibration_clock() -> Iterator[None]:
 
 def _case(name: str, work: Path, samples: int) -> tuple[Path, Path, Path, dict[str, str], str | None, float | None]:
     if name == "silero-vad":
-        from fleet_helpers import silero_model
+        from support.fleet import silero_model
 
         return (silero_model(), REPO / "models/testbed/silero_calib.npz", REPO / "models/testbed/silero_eval.npz",
                 {"sr": "16000"}, None, None)  # fmt: skip
-    import corpus
+    from support.models import corpus
 
     model = corpus.by_name(name)
     calib, evaluation = corpus.dataset(model, work / "data", count=samples)
@@ -117,7 +116,7 @@ def _print(model: str, rows: list[dict[str, object]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="ppocr-rec", help="a tests/corpus.py model, or silero-vad")
+    parser.add_argument("--model", default="ppocr-rec", help="a tests/support/models/corpus.py model, or silero-vad")
     parser.add_argument("--profile", default="intel-x86-vnni")
     parser.add_argument("--samples", type=int, default=24, help="calibration and evaluation samples")
     parser.add_argument("--threads", type=int, default=2, help="evaluation threads (the profile sets timing's)")

@@ -43,11 +43,11 @@ sys.path.insert(0, str(REPO))
 from serve_footprint import bench_first_answer, bench_rss
 from serve_quality import bench_quality, quality_rows
 
-from edgefleet.agent.backends import CancelToken, LoadOptions, backend_for
-from edgefleet.agent.runtime import LoadedModel
-from edgefleet.agent.selection import Policy
-from edgefleet.core.bundle import parse_manifest
-from edgefleet.core.manifest import Manifest
+from edgefleet.agent.runtime.backends import CancelToken, LoadOptions, backend_for
+from edgefleet.agent.runtime.model import LoadedModel
+from edgefleet.agent.runtime.selection.selector import Policy
+from edgefleet.core.bundle.archive import parse_manifest
+from edgefleet.core.bundle.manifest import Manifest
 
 NPY_HEADERS = {"Content-Type": "application/x-npy"}
 
@@ -95,7 +95,9 @@ def bench_api(
             if not tag:
                 calls["OIP binary, http.client"] = post(oip_path, oip_body, oip_headers)
                 calls["v1 json, http.client"] = post(v1, as_json, {"Content-Type": "application/json"})
-            if not tag or (baseline is not None and (baseline / "agent" / "routes_v2.py").exists()):
+            if not tag or (baseline is not None and any(
+                (baseline / "agent" / rel).exists() for rel in ("routes_v2.py", "api/oip_routes.py")
+            )):  # fmt: skip
                 calls[f"OIP binary, minimal client{tag}"] = lambda le=lean: le.post(oip_path, oip_body, oip_headers)
             calls[f"v1 npy, http.client{tag}"] = post(v1, npy, NPY_HEADERS)
             calls[f"v1 npy, minimal client{tag}"] = lambda le=lean: le.post(v1, npy, NPY_HEADERS)
@@ -145,7 +147,7 @@ def main() -> None:
         work = Path(tmp)
         bundle = args.bundle_dir or demo_bundle(work)
         manifest = parse_manifest((bundle / "manifest.json").read_text())
-        from edgefleet.core.golden import GoldenSet
+        from edgefleet.core.quality.golden import GoldenSet
 
         feeds = GoldenSet.load(bundle / manifest.golden.path, manifest.inputs, manifest.outputs).inputs.sample(0)
         report: dict[str, Any] = {"bundle": manifest.bundle_id, "threads": args.threads}
@@ -156,8 +158,10 @@ def main() -> None:
             print(json.dumps(report, indent=2) if args.json else table(report))
             return
         report["in_process"] = bench_in_process(bundle, manifest, feeds, args.threads)
-        if "api" in parts:
-            report["api"] = bench_api(bundle, manifest, feeds, args.threads, args.baseline_repo)
+        if "api" in parts:  # the raw call is ONNX Runtime's: an IR bundle is compared as the demo CNN in ONNX
+            onnx_bundle = bundle if manifest.format == "onnx" else demo_bundle(work, runtimes=("onnxruntime",))
+            onnx_manifest = parse_manifest((onnx_bundle / "manifest.json").read_text())
+            report["api"] = bench_api(onnx_bundle, onnx_manifest, feeds, args.threads, args.baseline_repo)
         if "throughput" in parts:
             from serve_throughput import bench_throughput
 

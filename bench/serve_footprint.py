@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from serve_setup import CPU, OV, REPO, python, repo_env
 
-from edgefleet.core.bundle import parse_manifest
-from edgefleet.core.manifest import Manifest
+from edgefleet.core.bundle.archive import parse_manifest
+from edgefleet.core.bundle.manifest import Manifest
 
 RSS_BARE = """
 import sys, time, psutil, numpy as np, onnxruntime as ort
@@ -30,9 +30,9 @@ RSS_AGENT = """
 import sys, time, psutil, numpy as np; sys.path.insert(0, {repo!r})
 from pathlib import Path
 from edgefleet.agent.runtime import LoadedModel
-from edgefleet.agent.selection import Policy
-from edgefleet.agent.service import InferenceService, ServiceConfig
-from edgefleet.core.bundle import parse_manifest
+from edgefleet.agent.runtime import Policy
+from edgefleet.agent.api import InferenceService, ServiceConfig
+from edgefleet.core.bundle.archive import parse_manifest
 d = Path({bundle!r}); m = parse_manifest((d / "manifest.json").read_text())
 m = m.model_copy(update={{"providers": {providers!r}}})
 model = LoadedModel(d, m, {threads}, cache_dir=Path({cache!r}), policy=Policy(measure_in_worker={worker!r}))
@@ -51,13 +51,13 @@ import json, sys, time; sys.path.insert(0, {repo!r})
 import numpy as np
 from pathlib import Path
 from edgefleet.agent.runtime import RuntimeOptions
-from edgefleet.core.bundle import parse_manifest
+from edgefleet.core.bundle.archive import parse_manifest
 d = Path({bundle!r}); m = parse_manifest((d / "manifest.json").read_text())
 m = m.model_copy(update={{"providers": {providers!r}}})
 runtime = RuntimeOptions({threads}, Path({cache!r}))
 worker_ready_s = None
 if {prestart!r}:  # as the agent does when it accepts the offer; waiting for it stands for the download it overlaps
-    from edgefleet.agent import selection_process
+    from edgefleet.agent.runtime.selection import process as selection_process
     start = time.perf_counter(); assert runtime.prestart(m)
     assert selection_process._SLOT[0].ready.wait(300); worker_ready_s = time.perf_counter() - start
 start = time.perf_counter()

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.agent.drift import DriftConfig, DriftMonitor, load_reference
-from edgefleet.agent.feedback import FieldAccuracy
-from edgefleet.agent.runtime import LoadedModel
-from edgefleet.agent.shadow import ShadowConfig, ShadowRunner
-from edgefleet.core.golden import checks_for
-from edgefleet.core.manifest import Manifest
+from edgefleet.agent.quality.drift import DriftConfig, DriftMonitor, load_reference
+from edgefleet.agent.quality.feedback import FieldAccuracy
+from edgefleet.agent.quality.shadow import ShadowConfig, ShadowRunner
+from edgefleet.agent.runtime.model import LoadedModel
+from edgefleet.core.bundle.manifest import Manifest
+from edgefleet.core.quality.golden import checks_for
 
 Call = Callable[[], object]
 
@@ -151,7 +151,7 @@ def bench_shadow(
 
 
 def bench_quality(bundle: Path, manifest: Manifest, threads: int) -> dict[str, Any]:
-    from edgefleet.core.golden import GoldenSet
+    from edgefleet.core.quality.golden import GoldenSet
 
     golden = GoldenSet.load(bundle / manifest.golden.path, manifest.inputs, manifest.outputs)
     samples = list(golden.inputs.samples())

@@ -28,10 +28,10 @@ def make_bundle(
 ) -> Path:
     """Convert `model` for intel-x86-vnni like any user model (only `runtimes`' targets, when given); returns the
     unpacked bundle directory."""
-    from edgefleet.converter.build import ConvertRequest, convert
-    from edgefleet.core.bundle import unpack_bundle
+    from edgefleet.converter import ConvertRequest, convert
+    from edgefleet.core.bundle.archive import unpack_bundle
     from edgefleet.core.profiles import get_profile
-    from edgefleet.core.signing import SigningKey, TrustedKeys, generate_keypair
+    from edgefleet.core.trust.signing import SigningKey, TrustedKeys, generate_keypair
 
     private, public = generate_keypair(work / f"keys-{name}")
     results = convert(
@@ -88,8 +88,8 @@ SERVE = """
 import sys, time; sys.path.insert(0, {repo!r})
 from pathlib import Path
 from edgefleet.agent.runtime import LoadedModel
-from edgefleet.agent.service import InferenceService, ServiceConfig
-from edgefleet.core.bundle import parse_manifest
+from edgefleet.agent.api import InferenceService, ServiceConfig
+from edgefleet.core.bundle.archive import parse_manifest
 d = Path({bundle!r}); m = parse_manifest((d / "manifest.json").read_text())
 svc = InferenceService([LoadedModel(d, m, {threads})], ServiceConfig(port=0, concurrency={concurrency})).start()
 print(svc.port, flush=True); sys.stdin.read(); svc.stop()

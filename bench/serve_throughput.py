@@ -72,7 +72,7 @@ def bench_throughput(
     from serve_clients import MinimalClient, oip_binary
     from serve_setup import make_bundle, raw_call, serve
 
-    from edgefleet.core.bundle import parse_manifest
+    from edgefleet.core.bundle.archive import parse_manifest
 
     folder = Path(tempfile.mkdtemp(dir=work))
     model = mlp(folder / "mlp.onnx")

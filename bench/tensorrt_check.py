@@ -29,10 +29,10 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=None, help="a jetson bundle (default: convert the demo CNN)")
     args = parser.parse_args()
 
-    from edgefleet.agent.backends import tensorrt_engines as engines
-    from edgefleet.agent.runtime import RuntimeOptions
-    from edgefleet.core.bundle import read_signed_manifest, unpack_bundle
-    from edgefleet.core.signing import SigningKey, TrustedKeys, generate_keypair
+    from edgefleet.agent.runtime.backends import tensorrt_engines as engines
+    from edgefleet.agent.runtime.model import RuntimeOptions
+    from edgefleet.core.bundle.archive import read_signed_manifest, unpack_bundle
+    from edgefleet.core.trust.signing import SigningKey, TrustedKeys, generate_keypair
 
     work = args.state_dir
     private, public = generate_keypair(work / "keys") if not (work / "keys").exists() else (
@@ -40,7 +40,7 @@ def main() -> None:
     )  # fmt: skip
     bundle = args.bundle
     if bundle is None:
-        from edgefleet.converter.build import ConvertRequest, convert
+        from edgefleet.converter import ConvertRequest, convert
         from edgefleet.core.profiles import get_profile
 
         (result,) = convert(

@@ -6,12 +6,14 @@
 In one run, interleaved (raw, sequential, overlapped, raw, ...), medians; the host in this process, the device
 in its own (bench/transfer_device.py, as on another machine):
 - raw: the bytes as block-sized QoS 1 messages, a subscriber receiving them all (the broker's bandwidth);
-- overlapped (the end-to-end figure): the offer first, then the blocks (control/publish_stream.py), a device that
-  waits on the offer fetching while they go out (`BlockDownload`: RTT-sized window of block subscriptions, every
-  block's sha256 checked, writes, fsync, the whole-file sha256);
+- overlapped (the end-to-end figure): the offer first, then the blocks
+  (tests/support/publishing/offer_first_blocks.py), a device that waits on the offer fetching while they go out
+  (`BlockDownload`: RTT-sized window of block subscriptions, every block's sha256 checked, writes, fsync, the
+  whole-file sha256);
 - sequential: `publish_bundle` (offer last), then the same download;
-- chunked offer first: control/chunk_publish_early.py (the layout planned in memory, the signed offer published
-  live, then the chunks, then the retained offer), a device waiting on the offer fetching while the chunks go out;
+- chunked offer first: tests/support/publishing/offer_first_chunks.py (the layout planned in memory, the signed
+  offer published live, then the chunks, then the retained offer), a device waiting on the offer fetching while
+  the chunks go out;
 - chunked (the default layout since chunks): `publish_bundle` with content-addressed chunks (cut, zstd tried on
   every chunk, a bundle too big for an inline list on index pages), offer last, then the agent's `ChunkDownload`
   (every chunk's sha256, writes, fsync, the whole-file sha256); end to end and the device's fetch alone;
@@ -40,13 +42,14 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from transfer_flow import DeviceProcess, bundle_remote, cap_trial, fleet_trial, raw_remote  # noqa: E402
 
-from edgefleet.control.keyring import init as init_keys  # noqa: E402
-from edgefleet.core.mqtt import Connection  # noqa: E402
-from edgefleet.core.signing import SigningKey, TrustedKeys  # noqa: E402
+from edgefleet.control.credentials.keyring import init as init_keys  # noqa: E402
+from edgefleet.core.mqtt.connection import Connection  # noqa: E402
 from edgefleet.core.topics import Topics  # noqa: E402
+from edgefleet.core.trust.signing import SigningKey, TrustedKeys  # noqa: E402
 
-from brokers import MosquittoBroker  # noqa: E402
-from fleet_helpers import DIGITS, AgentProcess, FleetWatcher, deploy_to, padded_bundle  # noqa: E402
+from support.fleet import AgentProcess, FleetWatcher, deploy_to, padded_bundle  # noqa: E402
+from support.paths import DIGITS  # noqa: E402
+from support.servers.brokers import MosquittoBroker  # noqa: E402
 
 
 def resume_trials(
@@ -115,7 +118,7 @@ def main() -> int:
     parser.add_argument("--delta", action="store_true", help="deltas between versions on real models (transfer_delta)")
     args = parser.parse_args()
     block = args.block_kib * 1024
-    from edgefleet.converter.build import ConvertRequest, convert
+    from edgefleet.converter import ConvertRequest, convert
     from edgefleet.core.profiles import get_profile
 
     with tempfile.TemporaryDirectory(prefix="edgefleet-bench-") as tmp, MosquittoBroker() as broker:

