@@ -19,7 +19,7 @@ Without --bundle-dir the demo CNN is converted for intel-x86-vnni into a tempora
      measuring worker started when the offer was accepted; with --baseline-repo, the other checkout in the same
      rounds, interleaved, medians;
   5. whether selection (CPU EP vs OpenVINO CPU) picked the candidate that a long isolated run finds fastest;
-  6. model quality (bench/serve_quality.py): drift statistics' cost on the request path and memory, and a shadow
+  6. model quality (bench/serving/quality.py): drift statistics' cost on the request path and memory, and a shadow
      model's effect on the served p50 at 10 % and 100 % mirroring (`--quality-only` runs just this part).
 """
 
@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from serve_setup import CPU, OV, REPO, demo_bundle, interleaved, raw_call, serve
+from serving.setup import CPU, OV, REPO, demo_bundle, interleaved, raw_call, serve
 
 sys.path.insert(0, str(REPO))
 
-from serve_footprint import bench_first_answer, bench_rss
-from serve_quality import bench_quality, quality_rows
+from serving.footprint import bench_first_answer, bench_rss
+from serving.quality import bench_quality, quality_rows
 
 from edgefleet.agent.runtime.backends import CancelToken, LoadOptions, backend_for
 from edgefleet.agent.runtime.model import LoadedModel
@@ -65,7 +65,7 @@ def bench_api(
     bundle: Path, manifest: Manifest, feeds: dict[str, np.ndarray], threads: int, baseline: Path | None
 ) -> dict[str, Any]:
     """Median µs a request per client and body format, interleaved with the raw runtime call they wrap."""
-    from serve_clients import MinimalClient, oip_binary
+    from serving.clients import MinimalClient, oip_binary
 
     raw = raw_call(bundle / manifest.model_path, CPU, threads, manifest.recipe.precision)
     x = feeds["input"]
@@ -163,7 +163,7 @@ def main() -> None:
             onnx_manifest = parse_manifest((onnx_bundle / "manifest.json").read_text())
             report["api"] = bench_api(onnx_bundle, onnx_manifest, feeds, args.threads, args.baseline_repo)
         if "throughput" in parts:
-            from serve_throughput import bench_throughput
+            from serving.throughput import bench_throughput
 
             report["throughput"] = bench_throughput(work, args.threads, baseline=args.baseline_repo)
         if "rss" in parts:

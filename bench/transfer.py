@@ -1,10 +1,10 @@
 """Bundle transfer over MQTT against a raw publish of the same bytes, through the same Mosquitto.
 
     python bench/transfer.py [--mb 16] [--rounds 5] [--block-kib 128] [--cap 1000000] [--fleet 100] [--json out.json]
-    python bench/transfer.py --delta [--rounds 3] [--json out.json]     (bench/transfer_delta.py)
+    python bench/transfer.py --delta [--rounds 3] [--json out.json]     (bench/transfers/delta.py)
 
 In one run, interleaved (raw, sequential, overlapped, raw, ...), medians; the host in this process, the device
-in its own (bench/transfer_device.py, as on another machine):
+in its own (bench/transfers/device.py, as on another machine):
 - raw: the bytes as block-sized QoS 1 messages, a subscriber receiving them all (the broker's bandwidth);
 - overlapped (the end-to-end figure): the offer first, then the blocks
   (tests/support/publishing/offer_first_blocks.py), a device that waits on the offer fetching while they go out
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the test helpers start Mosquitto and build padded bundles
 sys.path.insert(0, str(REPO / "bench"))
 
-from transfer_flow import DeviceProcess, bundle_remote, cap_trial, fleet_trial, raw_remote  # noqa: E402
+from transfers.flow import DeviceProcess, bundle_remote, cap_trial, fleet_trial, raw_remote  # noqa: E402
 
 from edgefleet.control.credentials.keyring import init as init_keys  # noqa: E402
 from edgefleet.core.mqtt.connection import Connection  # noqa: E402
@@ -115,7 +115,9 @@ def main() -> int:
     parser.add_argument("--fleet", type=int, default=100, help="in-process fetchers for the fleet trial (0: skip)")
     parser.add_argument("--fleet-mb", type=float, default=10.0, help="bundle size for the fleet trial")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--delta", action="store_true", help="deltas between versions on real models (transfer_delta)")
+    parser.add_argument(
+        "--delta", action="store_true", help="deltas between versions on real models (bench/transfers/delta.py)"
+    )
     args = parser.parse_args()
     block = args.block_kib * 1024
     from edgefleet.converter import ConvertRequest, convert
@@ -132,8 +134,8 @@ def main() -> int:
             eval=DIGITS / "eval.npz", out=work / "bundles", key=key, name="digits-cnn", version="1",
         ))  # fmt: skip
         assert result.bundle is not None
-        if args.delta:  # bench/transfer_delta.py: the version pairs on real models, then stop
-            from transfer_delta import report, run
+        if args.delta:  # bench/transfers/delta.py: the version pairs on real models, then stop
+            from transfers.delta import report, run
 
             report(run(broker.url, Path(result.bundle), key, args.rounds), args.json)
             return 0

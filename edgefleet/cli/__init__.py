@@ -1,1 +1,2 @@
-"""The `edgefleet` command line: one module per command group, registered in main.py."""
+"""The `edgefleet` command line: one module (or room: control/, convert/, setup/) per command group, registered in
+main.py."""

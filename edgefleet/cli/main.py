@@ -8,24 +8,16 @@ import sys
 from collections.abc import Sequence
 
 from edgefleet import __version__
-from edgefleet.cli import (
-    agent_cmd,
-    bundles,
-    context_cmd,
-    convert_cmd,
-    demo_cmd,
-    fleet_cmd,
-    init_cmd,
-    inspect_cmd,
-    keys,
-    profiles_cmd,
-)
+from edgefleet.cli import agent_cmd, bundles, demo_cmd, fleet_cmd, inspect_cmd, keys, profiles_cmd
 from edgefleet.cli.common import Parser, apply_home, selected_context
 from edgefleet.cli.context import CONFIG_ENV, CONTEXT_ENV
 from edgefleet.cli.control import desired as desired_cmd
 from edgefleet.cli.control import registry as registry_cmd
 from edgefleet.cli.control import rollout as rollout_cmd
 from edgefleet.cli.control import serve as control_cmd
+from edgefleet.cli.convert import command as convert_cmd
+from edgefleet.cli.setup import context_command as context_cmd
+from edgefleet.cli.setup import init_command as init_cmd
 from edgefleet.core.errors import EdgefleetError
 
 COMMANDS = (

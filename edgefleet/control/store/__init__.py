@@ -9,8 +9,8 @@
   `Store`'s own methods hand each call to its repository, so callers that need the whole store keep one object.
 - The records they hold (`records`), the two errors, and the write-latency histogram helpers.
 
-Both databases run the same SQL (`database.Dialect` covers the few differences) and migrate their schema on open
-(`migrate`, `migrations/<dialect>/NNNN_*.sql`).
+Both databases run the same SQL (`sql.database.Dialect` covers the few differences) and migrate their schema on
+open (`sql.migrate`, `sql/migrations/<dialect>/NNNN_*.sql`).
 """
 
 from edgefleet.control.store.devices import Devices

@@ -8,8 +8,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from edgefleet.control.store.database import Database, unit_of_work
 from edgefleet.control.store.records import DeviceRecord, GroupDef
+from edgefleet.control.store.sql.database import Database, unit_of_work
 from edgefleet.core.errors import UnknownNameError
 from edgefleet.core.messages import DeviceStatus
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from edgefleet.control.store.database import Database, Db, delete_batched, unit_of_work
 from edgefleet.control.store.records import LinkSample
+from edgefleet.control.store.sql.database import Database, Db, delete_batched, unit_of_work
 from edgefleet.core.messages import Telemetry
 
 MAX_COMMITS = 10_000  # "committed" events read per device, at most

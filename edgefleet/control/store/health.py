@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from edgefleet.control.store.database import Database, unit_of_work
 from edgefleet.control.store.records import ComponentHealthRow
+from edgefleet.control.store.sql.database import Database, unit_of_work
 
 _COLUMNS = (
     "component, holder, interval_s, last_tick, errors_per_min, last_error, last_error_at, active, active_since,"

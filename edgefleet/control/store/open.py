@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgefleet.control.store.database import Database
 from edgefleet.control.store.errors import StoreError
+from edgefleet.control.store.sql.database import Database
 from edgefleet.control.store.store import Store
 
 
 def _sqlite(url: str) -> Database:
-    from edgefleet.control.store.sqlite import SqliteDatabase
+    from edgefleet.control.store.sql.sqlite import SqliteDatabase
 
     path = url.split("://", 1)[1] if "://" in url else url.removeprefix("sqlite:")
     if not path or path in ("/", ":memory:", "/:memory:"):
@@ -26,7 +26,7 @@ def _sqlite(url: str) -> Database:
 
 def _postgres(url: str) -> Database:
     try:
-        from edgefleet.control.store.postgres import PostgresDatabase
+        from edgefleet.control.store.sql.postgres import PostgresDatabase
     except ImportError as err:
         raise StoreError(
             f"a PostgreSQL store needs psycopg 3 and psycopg-pool ({err}): pip install 'edgefleet[host]'"

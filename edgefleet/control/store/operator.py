@@ -10,8 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from edgefleet.control.store.database import Database, unit_of_work
 from edgefleet.control.store.records import ApiToken, AuditEntry, BundleRecord, DashboardSession
+from edgefleet.control.store.sql.database import Database, unit_of_work
 
 _TOKEN_COLUMNS = "name, token_hash, created_at, expires_at, revoked_at"
 _SESSION_COLUMNS = "id_hash, token_hash, csrf, created_at, expires_at, revoked_at"

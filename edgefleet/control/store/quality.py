@@ -20,9 +20,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from edgefleet.control.store.database import Database, Db, delete_batched, device_window, unit_of_work
 from edgefleet.control.store.quality_alerts import QualityAlert, subject_states, transitions
 from edgefleet.control.store.records import AlertRecord, QualityPoint
+from edgefleet.control.store.sql.database import Database, Db, delete_batched, device_window, unit_of_work
 from edgefleet.core.messages import DriftScore, GoldenTask, OutputScore, ShadowReport, Telemetry
 from edgefleet.core.untrusted import safe_text
 

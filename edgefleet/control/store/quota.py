@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgefleet.control.store.database import Database
+from edgefleet.control.store.sql.database import Database
 
 KEEP = 0.9  # what a device over its quota is cut back to (so it is not cut again at the next scan)
 

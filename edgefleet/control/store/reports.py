@@ -17,11 +17,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from edgefleet.control.store import database
-from edgefleet.control.store.database import Database, Db, delete_batched, device_window, unit_of_work
 from edgefleet.control.store.evidence import SqlEvidence
 from edgefleet.control.store.quality import SqlQuality
 from edgefleet.control.store.records import Compaction, EventRecord, SeriesPoint, TelemetryPoint
+from edgefleet.control.store.sql import database
+from edgefleet.control.store.sql.database import Database, Db, delete_batched, device_window, unit_of_work
 from edgefleet.core.messages import Event, Telemetry
 
 TELEMETRY_COLUMNS = (

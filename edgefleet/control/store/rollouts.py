@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from edgefleet.control.store.database import Database, Db, unit_of_work
 from edgefleet.control.store.errors import FencedOut
 from edgefleet.control.store.records import Deployment, Fence, PublishedDesired, RolloutRow, Scope
+from edgefleet.control.store.sql.database import Database, Db, unit_of_work
 from edgefleet.core.errors import UnknownNameError
 
 

@@ -12,7 +12,6 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from edgefleet.control.store.database import Database
 from edgefleet.control.store.devices import Devices, SqlDevices
 from edgefleet.control.store.evidence import Evidence, SqlEvidence
 from edgefleet.control.store.health import Health, SqlHealth
@@ -41,6 +40,7 @@ from edgefleet.control.store.records import (
 )
 from edgefleet.control.store.reports import Reports, SqlReports
 from edgefleet.control.store.rollouts import Rollouts, SqlRollouts
+from edgefleet.control.store.sql.database import Database
 from edgefleet.core.messages import DeviceStatus, Event, Telemetry
 
 

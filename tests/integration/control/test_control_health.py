@@ -23,7 +23,7 @@ from edgefleet.control.desired.sync import DesiredPublisher
 from edgefleet.control.health import DESIRED_SYNC, ENGINE, INGEST, stall_limit
 from edgefleet.control.rollout.engine import RolloutEngine
 from edgefleet.control.store import Store, open_store
-from edgefleet.control.store.sqlite import SqliteDatabase
+from edgefleet.control.store.sql.sqlite import SqliteDatabase
 
 from support.rollouts.control_plane import control_plane, sim_fleet, wait_until
 from support.servers.brokers import MosquittoBroker

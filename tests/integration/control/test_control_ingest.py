@@ -12,7 +12,7 @@ import pytest
 from edgefleet.control.broker.embedded import EmbeddedBroker
 from edgefleet.control.server import ControlPlane
 from edgefleet.control.store import Store
-from edgefleet.control.store.sqlite import SqliteDatabase
+from edgefleet.control.store.sql.sqlite import SqliteDatabase
 from edgefleet.core.messages import DeviceStatus, Event, LatencySummary, StoredUpTo, Telemetry, decode
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics

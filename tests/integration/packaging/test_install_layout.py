@@ -78,7 +78,7 @@ def test_the_wheel_holds_every_module_and_no_link_and_each_imports_from_it(tmp_p
         assert links == []
         assert "edgefleet/device_profiles/intel-x86-vnni.yaml" in archive.namelist()
         assert "edgefleet/control/dashboard/web/index.html" in archive.namelist()
-        assert any(n.startswith("edgefleet/control/store/migrations/sqlite/") for n in archive.namelist())
+        assert any(n.startswith("edgefleet/control/store/sql/migrations/sqlite/") for n in archive.namelist())
         archive.extractall(tmp_path / "site")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env["PYTHONPATH"] = str(tmp_path / "site")

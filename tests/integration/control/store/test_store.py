@@ -163,7 +163,7 @@ def test_compaction_downsamples_old_reports_and_drops_what_is_too_old(store: Sto
 
 
 def test_compaction_works_in_short_transactions_of_whole_buckets(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgefleet.control.store import database
+    from edgefleet.control.store.sql import database
 
     monkeypatch.setattr(database, "BATCH_ROWS", 8)  # so 200 reports take many transactions
     reports = [telemetry(f"d{i % 2}", i + 1, 1000.0 + 3 * i, p95=float(i % 7)) for i in range(200)]

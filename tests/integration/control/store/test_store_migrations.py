@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from edgefleet.control.store import StoreError, open_store
-from edgefleet.control.store.migrate import latest_version, migrations, split_statements
+from edgefleet.control.store.sql.migrate import latest_version, migrations, split_statements
 
 from support.paths import REPO
 from support.servers.pg_server import PostgresServer
 
 # The schema the SQLite store created before versioned migrations (no schema_version, no lease tokens).
-PRE_MIGRATION_SCHEMA = (REPO / "edgefleet/control/store/migrations/sqlite/0001_initial.sql").read_text()
+PRE_MIGRATION_SCHEMA = (REPO / "edgefleet/control/store/sql/migrations/sqlite/0001_initial.sql").read_text()
 
 
 def _versions_sqlite(path: Path) -> list[int]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from edgefleet.control.store import Fence, FencedOut, RolloutRow, StoreError, open_store
-from edgefleet.control.store.postgres import redacted, url_options
 from edgefleet.control.store.rollouts import SqlRollouts
+from edgefleet.control.store.sql.postgres import redacted, url_options
 from edgefleet.core.messages import LatencySummary, Telemetry
 
 from support.servers.pg_server import PostgresServer

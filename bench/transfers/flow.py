@@ -67,11 +67,11 @@ def _settle(devices: list[Connection]) -> None:
 
 
 class DeviceProcess:
-    """bench/transfer_device.py: the device in its own process, as on another machine."""
+    """bench/transfers/device.py: the device in its own process, as on another machine."""
 
     def __init__(self, broker_url: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("transfer_device.py")), broker_url],
+            [sys.executable, str(Path(__file__).with_name("device.py")), broker_url],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
 

@@ -1,6 +1,6 @@
 """The device side of bench/transfer.py in its own process (a device is another machine: its own interpreter).
 
-    python bench/transfer_device.py BROKER_URL
+    python bench/transfers/device.py BROKER_URL
 
 Reads commands on stdin, one a line, answers on stdout:
 - `raw TOPIC COUNT`: subscribe, answer `ready`, receive COUNT messages, answer `done T` (T: time.perf_counter(),

