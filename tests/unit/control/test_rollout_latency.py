@@ -48,12 +48,15 @@ def test_latency(baseline: Metrics, observed: Metrics, final: bool, ok: bool | N
 @pytest.mark.parametrize(
     ("measured", "observed", "ok", "says"),
     [
-        ((0.3, "farm", "the farm's generic-x86-64 devices"), m(0.6, 0.7), True, "within 1.5 × 3 × 0.300 = 1.350 ms"),
+        ((0.3, "farm", "the farm's generic-x86-64 devices"), m(0.6, 0.7), True,
+         "within 1.5 × 3 × 0.300 + a quiet device's call 1.000 ms = 2.350 ms"),
         ((0.3, "farm", "the farm's generic-x86-64 devices"), m(3.0, 3.5), False, "exceeds 1.5 × 3 × 0.300"),
-        ((0.03, "build", "the build (host)"), m(0.26, 0.3), True, "within 1.5 × 10 × 0.030 = 0.450 ms"),  # cold probes
+        ((0.03, "build", "the build (host)"), m(0.26, 0.3), True, "within 1.5 × 10 × 0.030"),  # cold probes
+        # CI, loaded: probes one every 0.5 s wake the runtime's threads, 17× the build's back-to-back figure
+        ((0.018, "build", "the build (host)"), m(0.303, 0.366), True, "within 1.5 × 10 × 0.018"),
         ((0.03, "build", "the build (host)"), m(2.0, 2.5), False, "exceeds 1.5 × 10 × 0.030"),
     ],
-    ids=["farm-ok", "farm-slow", "build-ok", "build-slow"],
+    ids=["farm-ok", "farm-slow", "build-ok", "quiet-device-tiny-model", "build-slow"],
 )  # fmt: skip
 def test_a_first_install_is_judged_against_the_bundles_own_measurement(
     measured: tuple[float, str, str], observed: Metrics, ok: bool, says: str
