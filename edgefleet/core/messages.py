@@ -153,6 +153,25 @@ class LinkReport(Message):
     srtt_ms: float | None = Field(default=None, description="smoothed round trip of a block request")
 
 
+class GenerationStats(Message):
+    """Generation over the telemetry window (a generative bundle's device): token latency and volume, and what was
+    cut or refused. Names follow OpenTelemetry's gen_ai.server.* where it has them."""
+
+    streams: int = Field(default=0, ge=0, description="generations finished in the window (streamed or not)")
+    refused: int = Field(default=0, ge=0, description="generations refused: busy, over the token budget, bad input")
+    cut: int = Field(default=0, ge=0, description="generations ended early: client gone, a swap's drain ran out")
+    prompt_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    ttft: LatencySummary | None = Field(
+        default=None, description="time to first token (gen_ai.server.time_to_first_token)"
+    )
+    tpot: LatencySummary | None = Field(
+        default=None, description="time per output token after the first (gen_ai.server.time_per_output_token)"
+    )
+    tokens_per_s: float | None = Field(default=None, description="output tokens / decode time, over the window")
+    probe_streams: int = Field(default=0, ge=0, description="generations the agent ran on its golden prompts")
+
+
 class Telemetry(Message):
     device_id: str
     seq: int = Field(default=0, ge=0, description="per-device sequence shared with events; gaps mean loss")
@@ -183,6 +202,7 @@ class Telemetry(Message):
     shadow: ShadowReport | None = None
     probe_requests: int = Field(default=0, ge=0, description="requests the agent generated from its golden set")
     link: LinkReport | None = Field(default=None, description="the link's cap and byte counters")
+    generation: GenerationStats | None = Field(default=None, description="generative bundles: token figures")
 
 
 EventKind = Literal[

@@ -129,6 +129,42 @@ def _openvino_names() -> set[str]:
     return {prefix + device for device in devices}
 
 
+GenerativeRuntime = Literal["onnxruntime-genai", "openvino-genai"]
+GenerativePrecision = Literal["fp32", "fp16", "bf16", "int8-weights", "int4-weights"]
+# Generative providers: `onnxruntime-genai:cpu|cuda` (ONNX Runtime GenAI's execution provider) and
+# `openvino-genai:CPU|GPU|NPU` (an OpenVINO GenAI device).
+GENERATIVE_PROVIDERS = {
+    "onnxruntime-genai": ("onnxruntime-genai:", frozenset({"cpu", "cuda"})),
+    "openvino-genai": ("openvino-genai:", frozenset({"CPU", "GPU", "NPU"})),
+}
+GENERATIVE_FORMAT = {"onnxruntime-genai": "onnx-genai", "openvino-genai": "openvino-genai"}
+
+
+class GenerativeTarget(_Frozen):
+    """One way to run a language model on this hardware: a generation runtime, its devices, and the weight
+    precisions worth trying, best first (converter/generative/)."""
+
+    runtime: GenerativeRuntime
+    providers: list[str] = Field(
+        min_length=1, description="onnxruntime-genai:cpu|cuda or openvino-genai:CPU|GPU|NPU, in preference order"
+    )
+    precisions: list[GenerativePrecision] = Field(min_length=1, description="weight precisions, best first")
+
+    @property
+    def format(self) -> str:
+        return GENERATIVE_FORMAT[self.runtime]
+
+    @model_validator(mode="after")
+    def _fits_runtime(self) -> GenerativeTarget:
+        prefix, devices = GENERATIVE_PROVIDERS[self.runtime]
+        wrong = [p for p in self.providers if not p.startswith(prefix) or p[len(prefix) :] not in devices]
+        if wrong:
+            raise ValueError(f"{self.runtime} providers must be {prefix}{{{','.join(sorted(devices))}}}, not {wrong}")
+        if "bf16" in self.precisions and self.runtime != "openvino-genai":
+            raise ValueError("bf16 generation is an OpenVINO precision hint (AVX512_BF16 / AMX CPUs)")
+        return self
+
+
 class OpsetRange(_Frozen):
     min: int = Field(ge=1)
     max: int = Field(ge=1)
@@ -173,6 +209,10 @@ class Profile(_Frozen):
         "this one",
     )
     sources: list[str] = Field(default_factory=list, description="vendor documentation the values come from")
+    generation: list[GenerativeTarget] = Field(
+        default_factory=list,
+        description="language models: generation runtimes in preference order (empty: no generative bundles)",
+    )
 
     @field_validator("targets")
     @classmethod

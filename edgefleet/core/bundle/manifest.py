@@ -6,15 +6,25 @@ import re
 from datetime import datetime, timezone
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from edgefleet.core.bundle.generation import GenerationSpec
 from edgefleet.core.messages import OutputRule
 
 MANIFEST_SCHEMA_VERSION = 1
 _VERSION = re.compile(r"^\d+(\.\d+){0,3}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
-BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt"]
+BundleFormat = Literal["onnx", "openvino-ir", "coreml", "onnx-tensorrt", "onnx-genai", "openvino-genai"]
+GENERATIVE_FORMATS = ("onnx-genai", "openvino-genai")  # a folder a generation runtime loads (bundle/generation.py)
 Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int8-weights", "int4-weights"]
 # top1, argmax-agreement, sqnr-db by default; any task metric of edgefleet.converter.metrics or a user's file.py:fn
 Metric = str
@@ -236,7 +246,8 @@ class FarmReport(Frozen):
 
 
 _OPTIONAL_BLOCKS = (
-    "custom_ops", "tensorrt", "web", "drift_reference", "class_labels", "search", "benchmark_only", "farm"
+    "custom_ops", "tensorrt", "web", "drift_reference", "class_labels", "search", "benchmark_only", "farm",
+    "generation",
 )  # fmt: skip
 
 
@@ -279,6 +290,9 @@ class Manifest(Frozen):
     farm: FarmReport | None = Field(
         default=None, description="the devices that measured the candidates (`convert --measure-on`), and when"
     )
+    generation: GenerationSpec | None = Field(
+        default=None, description="generative bundles: tokenizer, golden prompts, quality and token latency"
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
@@ -288,6 +302,15 @@ class Manifest(Frozen):
             if key in data and not data[key]:
                 del data[key]
         return data
+
+    @model_validator(mode="after")
+    def _generation_matches_format(self) -> Manifest:
+        if (self.format in GENERATIVE_FORMATS) != (self.generation is not None):
+            raise ValueError(
+                f"format {self.format!r} and the generation block disagree: a generative format "
+                f"({', '.join(GENERATIVE_FORMATS)}) needs one, any other format must not have one"
+            )
+        return self
 
     @field_validator("model_name")
     @classmethod
@@ -301,6 +324,10 @@ class Manifest(Frozen):
     def _model_version(cls, value: str) -> str:
         parse_version(value)
         return value
+
+    @property
+    def generative(self) -> bool:
+        return self.generation is not None
 
     @property
     def version_key(self) -> tuple[int, ...]:
