@@ -78,6 +78,12 @@ class GenerationSpec(_Frozen):
     vocab_size: int = Field(ge=1)
     context_length: int = Field(ge=1, description="prompt + generated tokens at most")
     max_new_tokens: int = Field(ge=1, description="a request's default token budget")
+    runtime_config: dict[str, str | int] = Field(
+        default_factory=dict,
+        description="properties the runtime was judged and timed with, which the device applies too (OpenVINO: "
+        "INFERENCE_PRECISION_HINT, KV_CACHE_PRECISION, DYNAMIC_QUANTIZATION_GROUP_SIZE; on this CPU its defaults "
+        "are bf16 compute, a u8 KV cache and int8 activations)",
+    )
     golden: str = Field(default="golden_prompts.json", description="bundle path of the golden prompts")
     quality: GenerativeQuality
     token_latency: TokenLatency | None = None
