@@ -193,6 +193,19 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
         ],
     )
     quality_table([(r.device_id, r.quality) for r in rows])
+    generation_table(rows)
+
+
+def generation_table(rows: list[DeviceRow]) -> None:
+    """Token figures per device serving a language model, when any does."""
+    served = [(r.device_id, r.generation) for r in rows if r.generation is not None]
+    if served:
+        print_table(
+            "generation (last window)",
+            ["device", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "tokens/s", "streams", "cut", "refused"],
+            [(d, fmt(g.ttft_p50_ms), fmt(g.ttft_p95_ms), fmt(g.tpot_p50_ms), fmt(g.tokens_per_s, 1), g.streams,
+              g.cut, g.refused) for d, g in served],
+        )  # fmt: skip
 
 
 def quality_table(rows: list[tuple[str, QualityRow]]) -> None:

@@ -11,6 +11,9 @@ the dashboard server's own.
     edgefleet_dashboard_throttled_total                     attempts answered 429 by this process's throttle
     edgefleet_ingest_backlog_messages                       this instance: received, not stored yet
     edgefleet_ingest_backlog_oldest_seconds                 this instance: how long the oldest has waited
+    edgefleet_device_time_to_first_token_seconds{device,bundle}      language models: the last report's TTFT p50
+    edgefleet_device_time_per_output_token_seconds{device,bundle}    ... its TPOT p50
+    edgefleet_device_output_tokens_per_second{device,bundle}         ... output tokens / decode time
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Mapping
 from edgefleet.control.health import engine_summary, health_report
 from edgefleet.control.rollout.engine import ENGINE_LEASE
 from edgefleet.control.store import Store
+from edgefleet.core.messages import GenerationStats, LatencySummary
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -38,6 +42,37 @@ _LOCAL = {
     "ingest_backlog_messages": "messages this instance received and has not stored yet",
     "ingest_backlog_oldest_seconds": "how long the oldest of them has waited",
 }
+
+
+_GENERATION = {
+    "time_to_first_token_seconds": "time to first token, median of the last report (gen_ai.server.time_to_first_token)",
+    "time_per_output_token_seconds": "time per output token, median of the last report "
+    "(gen_ai.server.time_per_output_token)",
+    "output_tokens_per_second": "output tokens per second of decoding in the last report",
+}
+
+
+def _figures(g: GenerationStats) -> dict[str, float | None]:
+    def seconds(summary: LatencySummary | None) -> float | None:
+        return summary.p50_ms / 1000 if summary is not None and summary.p50_ms is not None else None
+
+    return {
+        "time_to_first_token_seconds": seconds(g.ttft),
+        "time_per_output_token_seconds": seconds(g.tpot),
+        "output_tokens_per_second": g.tokens_per_s,
+    }
+
+
+def _generation(lines: list[str], store: Store) -> None:
+    """Per device serving a language model, its last report's token figures."""
+    latest = sorted((d, q) for d, q in store.latest_quality().items() if q.generation is not None)
+    for suffix, text in _GENERATION.items():
+        name = f"edgefleet_device_{suffix}"
+        _family(lines, name, "gauge", text)
+        for device, q in latest:
+            figure = _figures(q.generation)[suffix] if q.generation is not None else None
+            if figure is not None:
+                lines.append(f'{name}{{device="{_label(device)}",bundle="{_label(q.bundle_id)}"}} {figure:.6g}')
 
 
 def metrics_page(
@@ -76,6 +111,7 @@ def metrics_page(
         lines.append(f'{name}{{reason="{reason}"}} {int(server_stats.get(reason, 0))}')
     _family(lines, "edgefleet_dashboard_throttled_total", "counter", "attempts answered 429 by the throttle")
     lines.append(f"edgefleet_dashboard_throttled_total {int(throttled)}")
+    _generation(lines, store)
     for key, gauge in sorted((local or {}).items()):
         if key in _LOCAL:
             _family(lines, f"edgefleet_{key}", "gauge", _LOCAL[key])

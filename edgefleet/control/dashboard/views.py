@@ -27,9 +27,11 @@ _COUNTS = ("requests", "errors", "reports")
 def api_fleet(store: Store, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     latest = store.latest_telemetry()
+    generation = {k: q.generation for k, q in store.latest_quality().items() if q.generation is not None}
     rows = []
     for d in store.devices():
         t = latest.get(d.device_id)
+        g = generation.get(d.device_id)
         rows.append(
             {
                 "device_id": d.device_id, "online": d.online, "state": d.state, "profile": host_view(d).profile,
@@ -41,6 +43,9 @@ def api_fleet(store: Store, now: float | None = None) -> dict[str, Any]:
                 "golden_agreement": t.golden_agreement if t else None, "requests": t.requests if t else None,
                 "errors": t.errors if t else None, "cpu_percent": t.cpu_percent if t else None,
                 "rss_mb": t.rss_mb if t else None, "telemetry_age_s": round(now - t.ts, 1) if t else None,
+                "ttft_p50_ms": g.ttft.p50_ms if g and g.ttft else None,
+                "tpot_p50_ms": g.tpot.p50_ms if g and g.tpot else None,
+                "tokens_per_s": g.tokens_per_s if g else None,
             }
         )  # fmt: skip
     lease = store.lease(ENGINE_LEASE)

@@ -22,11 +22,12 @@ device's spool moves on.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from edgefleet.core.messages import DeviceStatus, Event, Message, OutputScore, Telemetry
+from edgefleet.core.messages import DeviceStatus, Event, GenerationStats, Message, OutputScore, Telemetry
 from edgefleet.core.topics import check_segment
 
 M = TypeVar("M", bound=Message)
@@ -140,6 +141,8 @@ class Admission:
         update: dict[str, Any] = {"provider": _text(t.provider, 128)}
         if t.golden_task is not None:
             update["golden_task"] = t.golden_task.model_copy(update={"metric": _name("metric", t.golden_task.metric)})
+        if t.generation is not None:
+            _generation(t.generation)
         if t.shadow is not None:
             _segment("shadow bundle id", t.shadow.bundle_id)
             _count("shadow outputs", t.shadow.per_output, lim.max_items)
@@ -178,6 +181,20 @@ def _scores(scores: list[OutputScore], lim: Limits) -> None:
         _count(f"figures of output {score.output}", score.detail, lim.max_items)
         for key in score.detail:
             _name("figure", key)
+
+
+MAX_FIGURE = 1e9  # no token figure (ms, tokens/s) a device reports is larger
+
+
+def _generation(g: GenerationStats) -> None:
+    """Token figures are numbers a chart and a guardrail read: finite, not negative, under MAX_FIGURE."""
+    figures = {"tokens per second": g.tokens_per_s}
+    for name, summary in (("ttft", g.ttft), ("tpot", g.tpot)):
+        if summary is not None:
+            figures |= {f"{name} p50": summary.p50_ms, f"{name} p95": summary.p95_ms, f"{name} p99": summary.p99_ms}
+    for name, value in figures.items():
+        if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_FIGURE):
+            raise AdmissionError(f"generation {name} {value!r}: a finite figure in [0, {MAX_FIGURE:g}] is expected")
 
 
 def _text(value: str | None, most: int) -> str | None:

@@ -16,6 +16,34 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class GenerationRow:
+    """A language model's token figures over the device's last telemetry window."""
+
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    tokens_per_s: float | None = None
+    streams: int = 0
+    cut: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+def of_generation(tele: Telemetry | None) -> GenerationRow | None:
+    g = tele.generation if tele else None
+    if g is None:
+        return None
+    return GenerationRow(
+        ttft_p50_ms=g.ttft.p50_ms if g.ttft else None, ttft_p95_ms=g.ttft.p95_ms if g.ttft else None,
+        tpot_p50_ms=g.tpot.p50_ms if g.tpot else None, tpot_p95_ms=g.tpot.p95_ms if g.tpot else None,
+        tokens_per_s=g.tokens_per_s, streams=g.streams, cut=g.cut, refused=g.refused,
+        prompt_tokens=g.prompt_tokens, output_tokens=g.output_tokens,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class DeviceRow:
     device_id: str
     online: bool
@@ -37,6 +65,7 @@ class DeviceRow:
     last_error: str | None
     status_age_s: float
     quality: QualityRow = field(default_factory=QualityRow)
+    generation: GenerationRow | None = None  # devices serving a language model
 
 
 class FleetView:
@@ -112,6 +141,7 @@ class FleetView:
                     last_error=status.last_error,
                     status_age_s=round(now - status.ts, 1),
                     quality=of_telemetry(tele) if tele else QualityRow(),
+                    generation=of_generation(tele),
                 )
             )
         return rows

@@ -23,14 +23,14 @@ from typing import Any, Protocol
 from edgefleet.control.store.quality_alerts import QualityAlert, subject_states, transitions
 from edgefleet.control.store.records import AlertRecord, QualityPoint
 from edgefleet.control.store.sql.database import Database, Db, delete_batched, device_window, unit_of_work
-from edgefleet.core.messages import DriftScore, GoldenTask, OutputScore, ShadowReport, Telemetry
+from edgefleet.core.messages import DriftScore, GenerationStats, GoldenTask, OutputScore, ShadowReport, Telemetry
 from edgefleet.core.untrusted import safe_text
 
 log = logging.getLogger(__name__)
 
 _COLUMNS = (
     "device_id, seq, ts, bundle_id, field_accuracy, field_samples, probe_requests, golden_json, drift_json,"
-    " shadow_json, golden_task_json"
+    " shadow_json, golden_task_json, generation_json"
 )
 
 
@@ -58,7 +58,9 @@ class Quality(Protocol):
 
 
 def has_quality(t: Telemetry) -> bool:
-    return bool(t.golden_scores or t.golden_task or t.drift or t.shadow or t.field_samples or t.probe_requests)
+    return bool(
+        t.golden_scores or t.golden_task or t.drift or t.shadow or t.field_samples or t.probe_requests or t.generation
+    )
 
 
 def _row(t: Telemetry, received_at: float) -> tuple[Any, ...]:
@@ -71,6 +73,7 @@ def _row(t: Telemetry, received_at: float) -> tuple[Any, ...]:
         json.dumps([d.model_dump(mode="json") for d in t.drift]),
         t.shadow.model_dump_json() if t.shadow else None, received_at,
         t.golden_task.model_dump_json() if t.golden_task else None,
+        t.generation.model_dump_json() if t.generation else None,
     )  # fmt: skip
 
 
@@ -82,6 +85,7 @@ def _point(row: Sequence[Any]) -> QualityPoint:
         drift=tuple(DriftScore.model_validate(d) for d in json.loads(row[8])),
         shadow=ShadowReport.model_validate_json(row[9]) if row[9] else None,
         golden_task=GoldenTask.model_validate_json(row[10]) if row[10] else None,
+        generation=GenerationStats.model_validate_json(row[11]) if row[11] else None,
     )  # fmt: skip
 
 
@@ -97,7 +101,8 @@ class SqlQuality:
             inserted = conn.execute(
                 "INSERT INTO telemetry_quality (device_id, seq, ts, bundle_id, field_accuracy, field_samples,"
                 " probe_requests, golden_min, golden_failed, drift_max, shadow_agreement, golden_json, drift_json,"
-                " shadow_json, received_at, golden_task_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " shadow_json, received_at, golden_task_json, generation_json)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
                 _row(report, received_at),
             ).rowcount

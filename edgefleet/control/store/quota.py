@@ -23,7 +23,8 @@ KEEP = 0.9  # what a device over its quota is cut back to (so it is not cut agai
 _TABLES = {
     "telemetry": ("COALESCE(LENGTH(bundle_id), 0) + COALESCE(LENGTH(provider), 0)", 200),
     "telemetry_quality": (
-        "LENGTH(golden_json) + LENGTH(drift_json) + COALESCE(LENGTH(shadow_json), 0) + COALESCE(LENGTH(bundle_id), 0)",
+        "LENGTH(golden_json) + LENGTH(drift_json) + COALESCE(LENGTH(shadow_json), 0) + COALESCE(LENGTH(bundle_id), 0)"
+        " + COALESCE(LENGTH(golden_task_json), 0) + COALESCE(LENGTH(generation_json), 0)",
         150,
     ),
     "events": ("LENGTH(kind) + LENGTH(detail) + COALESCE(LENGTH(bundle_id), 0)", 120),

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edgefleet.core.messages import DriftScore, GoldenTask, OutputScore, ShadowReport
+from edgefleet.core.messages import DriftScore, GenerationStats, GoldenTask, OutputScore, ShadowReport
 
 Scope = Literal["fleet", "group", "device"]
 FLEET_TARGET = "*"
@@ -99,6 +99,7 @@ class QualityPoint:
     drift: tuple[DriftScore, ...] = ()
     shadow: ShadowReport | None = None
     golden_task: GoldenTask | None = None  # the task rule's score on the golden set
+    generation: GenerationStats | None = None  # a language model's token figures over the report's window
 
 
 AlertLevel = Literal["info", "warning", "critical"]

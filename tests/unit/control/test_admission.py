@@ -9,6 +9,7 @@ from edgefleet.core.messages import (
     DeviceStatus,
     DriftScore,
     Event,
+    GenerationStats,
     Hardware,
     LatencySummary,
     OutputScore,
@@ -86,3 +87,27 @@ def test_free_text_is_cut_never_refused_and_what_is_valid_passes_unchanged() -> 
     good = report(golden_scores=scores, drift=[DriftScore(name="input[2]", kind="input", psi=0.1, band="none",
                                                           samples=10)])  # fmt: skip
     assert gate.admit(good) == good
+
+
+@pytest.mark.parametrize(
+    "generation",
+    [
+        GenerationStats(tokens_per_s=float("nan")),
+        GenerationStats(ttft=LatencySummary(count=1, p50_ms=float("inf"), p95_ms=1.0, p99_ms=1.0)),
+        GenerationStats(tpot=LatencySummary(count=1, p50_ms=-1.0, p95_ms=1.0, p99_ms=1.0)),
+        GenerationStats(tokens_per_s=1e12),
+    ],
+    ids=["nan-rate", "infinite-ttft", "negative-tpot", "absurd-rate"],
+)
+def test_token_figures_that_are_not_finite_plausible_numbers_refuse_the_report(generation: GenerationStats) -> None:
+    with pytest.raises(AdmissionError, match="generation"):
+        Admission().admit(report(generation=generation))
+
+
+def test_plausible_token_figures_pass_unchanged() -> None:
+    generation = GenerationStats(
+        streams=3, prompt_tokens=192, output_tokens=96, tokens_per_s=850.0,
+        ttft=LatencySummary(count=3, p50_ms=4.0, p95_ms=6.5, p99_ms=6.5),
+        tpot=LatencySummary(count=3, p50_ms=1.1, p95_ms=1.4, p99_ms=1.4),
+    )  # fmt: skip
+    assert Admission().admit(report(generation=generation)).generation == generation

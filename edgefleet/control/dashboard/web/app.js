@@ -37,7 +37,10 @@ function renderFleet(data) {
       el("td", { text: d.profile || "-" }), el("td", { text: d.bundle || "-" }),
       el("td", { text: d.verified ? "yes" : "no" }),
       el("td", { class: "num", text: fmt(d.p50_ms) }), el("td", { class: "num", text: fmt(d.p95_ms) }),
-      el("td", { class: "num", text: fmt(d.golden_agreement, 2) }), el("td", { class: "num", text: fmt(d.cpu_percent, 0) }),
+      el("td", { class: "num", text: fmt(d.golden_agreement, 2) }),
+      el("td", { class: "num", text: fmt(d.ttft_p50_ms), title: "time to first token, median (language models)" }),
+      el("td", { class: "num", text: fmt(d.tokens_per_s, 1), title: "output tokens per second (language models)" }),
+      el("td", { class: "num", text: fmt(d.cpu_percent, 0) }),
       el("td", { class: "num", text: fmt(d.rss_mb, 0) }), el("td", { class: "labels", text: labels.join(", ") }),
       el("td", { text: ago(d.telemetry_age_s ?? d.status_age_s) }));
     tr.addEventListener("click", () => toggle(d.device_id));

@@ -23,7 +23,7 @@ from edgefleet.control.store import (
     write_ms_quantile,
 )
 from edgefleet.core.errors import UnknownNameError
-from edgefleet.core.messages import DeviceStatus, Event, Hardware, LatencySummary, Telemetry
+from edgefleet.core.messages import DeviceStatus, Event, GenerationStats, Hardware, LatencySummary, Telemetry
 
 
 def status(device: str, *, online: bool = True, bundle: str | None = "b1", ts: float = 1000.0) -> DeviceStatus:
@@ -110,6 +110,19 @@ def test_latest_telemetry_keeps_the_newest_per_device(store: Store) -> None:
     store.add_telemetry([telemetry("d1", 1, 1001.0, p95=1.0)], 2.0)  # late, older
     latest = store.latest_telemetry()
     assert latest["d1"].p95_ms == 2.0 and latest["d1"].seq == 2 and set(latest) == {"d1", "d2"}
+
+
+def test_a_language_models_token_figures_are_stored_with_its_report(store: Store) -> None:
+    store.upsert_statuses([status("d1")], 1.0)
+    generation = GenerationStats(
+        streams=4, refused=1, cut=0, prompt_tokens=256, output_tokens=128, tokens_per_s=900.0,
+        ttft=LatencySummary(count=4, p50_ms=3.5, p95_ms=5.0, p99_ms=5.0),
+        tpot=LatencySummary(count=4, p50_ms=1.1, p95_ms=1.3, p99_ms=1.3),
+    )  # fmt: skip
+    store.add_telemetry([telemetry("d1", 1, 1001.0).model_copy(update={"generation": generation})], 1.0)
+    store.add_telemetry([telemetry("d1", 1, 1001.0).model_copy(update={"generation": generation})], 2.0)  # a repeat
+    assert store.latest_quality()["d1"].generation == generation
+    assert [q.generation for q in store.quality("d1", 0.0)] == [generation]
 
 
 def test_statuses_update_the_registry_and_the_last_will_keeps_the_bundle(store: Store) -> None:
