@@ -152,6 +152,7 @@ def test_a_silent_device_leaves_the_profile_on_local_timing_and_is_named(
     )["name"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_unknown_device_or_group_fails_before_the_conversion_starts(
     mosquitto: MosquittoBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

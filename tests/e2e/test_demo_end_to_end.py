@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.servers.brokers import MosquittoBroker
 
 
@@ -33,6 +35,7 @@ def _assert_fleet_healthy(report: dict) -> None:
     assert {d["profile"] for d in devices} == {"intel-x86-vnni", "generic-x86-64"}
 
 
+@pytest.mark.slow
 def test_demo_on_mosquitto(tmp_path: Path, mosquitto: MosquittoBroker) -> None:
     report = _run_demo(tmp_path, "--broker", mosquitto.url)
     assert report["broker"] == mosquitto.url

@@ -15,6 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from edgefleet.control.dashboard.app import DASHBOARD_TEXT_LIMIT
 from edgefleet.control.dashboard.auth import issue_token
 from edgefleet.core.messages import DeviceStatus, Event, Hardware
@@ -54,6 +56,7 @@ def _inert(text: str) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 def test_hostile_device_strings_are_inert_in_the_cli_and_dashboard(
     mosquitto: MosquittoBroker, tmp_path: Path, attack_ledger: AttackLedger
 ) -> None:

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from edgefleet.control.credentials.keyring import HostKeys
 from edgefleet.control.desired.signing import device_target, publish_desired, sign_desired
 from edgefleet.control.publish.publisher import deploy, publish_bundle
@@ -185,6 +187,7 @@ def test_mix_and_match_of_documents_and_offers_is_refused(
     assert not attack_ledger.record("mix-and-match: another offer relabelled", succeeded, event.detail)
 
 
+@pytest.mark.slow
 def test_a_device_frozen_on_an_expired_document_reports_stale_and_keeps_serving(
     start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
     attack_ledger: AttackLedger,
@@ -308,6 +311,7 @@ def test_a_tar_bomb_never_reaches_the_tar_parser(
     assert not list((agent.state_dir / "bundles").glob("*.staging"))
 
 
+@pytest.mark.slow
 def test_rotation_and_revocation_reach_the_device_without_a_visit(
     start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
     tmp_path: Path, trusted: TrustedKeys, attack_ledger: AttackLedger,

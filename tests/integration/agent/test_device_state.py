@@ -132,6 +132,7 @@ def test_a_full_disk_while_unpacking_is_disk_full_not_a_corrupt_bundle(
     assert (tmp_path / "ok" / "extra" / "padding.bin").stat().st_size == 3 * 2**20 and manifest.model_version == "2"
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_an_install_is_retried_once_space_returns(
     tmpfs: Callable[[str], Path], tmp_path: Path, host: Connection, topics: Topics, watcher: FleetWatcher,
     demo_bundles: dict[str, Path], signing_key: SigningKey, keys: tuple[Path, Path], mosquitto: MosquittoBroker,

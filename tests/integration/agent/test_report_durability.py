@@ -51,6 +51,7 @@ def _caught_up(ledger: DeviceLedger, at_least: int) -> bool:
     return highest >= at_least and ledger.contiguous() >= highest
 
 
+@pytest.mark.slow
 def test_reports_the_broker_dropped_for_a_host_that_was_down_are_sent_again_until_stored(
     broker: MosquittoBroker, tmp_path: Path, root_pub: Path
 ) -> None:

@@ -28,6 +28,7 @@ def test_an_unknown_profile_names_the_valid_ones() -> None:
     assert_one_line_error(edgefleet("profiles", "show", "jetson-nope"), "unknown profile", "intel-x86-vnni")
 
 
+@pytest.mark.slow
 def test_keys_then_convert_then_verify(tmp_path: Path) -> None:
     assert edgefleet("keys", "generate", home=tmp_path).returncode == 0
     out = tmp_path / "out"

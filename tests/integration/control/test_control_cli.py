@@ -101,6 +101,7 @@ def test_labels_and_groups(fleet: tuple[ControlPlane, SimFleet, dict[str, Path],
     assert edgefleet("groups", "delete", "lab", "--store", store).returncode == 0
 
 
+@pytest.mark.slow
 def test_rollout_start_status_and_abort(
     fleet: tuple[ControlPlane, SimFleet, dict[str, Path], str], mosquitto: MosquittoBroker
 ) -> None:

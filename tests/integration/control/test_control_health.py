@@ -77,6 +77,7 @@ def test_a_failing_sync_reads_failing_everywhere_while_the_engine_goes_on(
     assert status["loops"] == [], "a clean stop leaves no rows to read as stalled"
 
 
+@pytest.mark.slow
 def test_an_engine_that_stops_ticking_reads_stalled_in_the_status_the_dashboard_and_metrics(
     mosquitto: MosquittoBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

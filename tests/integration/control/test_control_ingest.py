@@ -173,6 +173,7 @@ def test_on_a_broker_without_shared_subscriptions_ingestion_falls_back_to_plain_
         assert plane.store.telemetry_count() == fleet.stats.telemetry_acked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 def test_a_store_that_fails_for_10_s_loses_no_acknowledged_report(
     mosquitto: MosquittoBroker, tmp_path: Path, protocol: str
@@ -212,6 +213,7 @@ def test_a_store_that_fails_for_10_s_loses_no_acknowledged_report(
         assert sent >= 5 * 100 and all(not v for v in lost.values()), lost
 
 
+@pytest.mark.slow
 def test_a_control_plane_stopped_while_its_store_fails_leaves_the_reports_to_the_broker(
     mosquitto: MosquittoBroker, tmp_path: Path
 ) -> None:

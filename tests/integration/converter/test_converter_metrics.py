@@ -148,6 +148,7 @@ def test_a_user_metric_drives_a_conversion_end_to_end(tmp_path: Path, signing_ke
             resolve(bad)
 
 
+@pytest.mark.slow
 def test_the_command_line_takes_a_task_metric_a_bar_and_a_time_budget(tmp_path: Path) -> None:
     from support.cli import assert_one_line_error, edgefleet
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from edgefleet.converter import inspect_model
 from edgefleet.core.profiles import get_profile, load_profiles
 
@@ -14,6 +16,7 @@ from support.fleet import silero_model
 from support.paths import DIGITS, TESTBED
 
 
+@pytest.mark.slow
 def test_silero_ops_in_subgraphs_and_openvino_verdict() -> None:
     report = inspect_model(silero_model(), [get_profile("intel-x86-vnni"), get_profile("intel-npu")])
     ops = {u.op_type: u for u in report.operators}
@@ -39,6 +42,7 @@ def test_sklearn_verdicts_name_the_ml_ops() -> None:
     assert coreml.verdict == "blocked" and "ai.onnx.ml::Scaler" in {u.op for u in coreml.unsupported}
 
 
+@pytest.mark.slow
 def test_inspect_command_json_and_bad_file(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "edgefleet", "inspect", str(DIGITS / "digits_cnn.onnx"), "--profile",

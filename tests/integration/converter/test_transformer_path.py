@@ -69,6 +69,7 @@ def test_weight_only_passes_store_the_matrix_products_in_fewer_bits(encoder_file
     assert any(op.get_type_name() == "FakeQuantize" for op in quantized.model.get_ops())
 
 
+@pytest.mark.slow
 def test_an_encoder_gets_the_transformer_recipes_and_is_judged_by_cosine(
     encoder_file: Path, tmp_path: Path, signing_key: SigningKey
 ) -> None:

@@ -29,6 +29,8 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 from support.fleet import AgentProcess, FleetWatcher, deploy_to
 from support.paths import DIGITS
 
+pytestmark = pytest.mark.slow  # a CoreML conversion through torch for the module: ~25 s on 2 cores
+
 
 @pytest.fixture(scope="module")
 def coreml_bundles(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> dict[str, Path]:

@@ -142,6 +142,7 @@ def test_a_small_bundle_keeps_the_inline_offer_that_agents_from_before_pages_par
     assert BundleOffer.model_validate(payload) == offer
 
 
+@pytest.mark.slow
 def test_a_tampered_index_page_is_refused_before_a_byte_of_it_is_trusted(
     start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher,
     demo_bundles: dict[str, Path], tmp_path: Path, signing_key: SigningKey, trusted: TrustedKeys,

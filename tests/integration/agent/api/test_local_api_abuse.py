@@ -227,6 +227,7 @@ def test_an_npz_bomb_is_refused_before_it_is_decompressed(served: Served, attack
     assert not succeeded, (statuses, grown_mb)
 
 
+@pytest.mark.slow
 def test_500_slow_connections_neither_block_good_requests_nor_stay_open(
     served: Served, attack_ledger: AttackLedger
 ) -> None:

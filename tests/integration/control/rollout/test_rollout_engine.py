@@ -95,6 +95,7 @@ def test_a_canary_that_breaches_a_threshold_is_rolled_back(
                        for e in fleet.store.events(device_id=d))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_device_that_never_reports_times_out(fleet: Fleet) -> None:
     silent = sorted(fleet.sims.devices)[-1]
     fleet.sims.kill(silent)  # its last will marks it offline; it will never install anything
@@ -146,6 +147,7 @@ def test_pause_holds_a_rollout_resume_continues_and_abort_rolls_back(fleet: Flee
         request(fleet.store, rollout_id, "resume")
 
 
+@pytest.mark.slow
 def test_a_rollout_survives_a_restart_of_the_control_plane(
     mosquitto: MosquittoBroker, tmp_path: Path, host: Connection, bundles: dict[str, Path]
 ) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from edgefleet.core.messages import DriftScore, OutputScore
 from edgefleet.core.mqtt.connection import Connection
 
@@ -63,6 +65,7 @@ def test_a_canary_answering_worse_on_labelled_feedback_is_rolled_back(
         assert "field accuracy 0.810 (120 feedbacks) is below baseline 0.960 − 0.02 = 0.940" in doc.waves[0].verdict
 
 
+@pytest.mark.slow
 def test_a_quiet_canary_is_judged_from_probe_traffic_and_without_it_fails_for_lack_of_data(
     mosquitto: MosquittoBroker,
     tmp_path: Path,
