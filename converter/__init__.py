@@ -6,7 +6,8 @@ the phase clocks and progress events a caller listens to (`recording`, `listenin
 imported on first use, so `import edgefleet.converter` stays cheap for a CLI that only lists commands.
 
 Rooms (each with its own public API): `search` (plan, build, judge, time, choose), `passes` (graph, precision
-and export passes), `metrics` (task metrics), `timing` (interleaved latency, pruning, head to head), `report`.
+and export passes), `metrics` (task metrics), `timing` (interleaved latency, pruning, head to head), `report`, and
+`generative` (language models: `convert` sends it a model directory or an ONNX with past key/value inputs).
 Never imported by the agent (a test proves it).
 """
 

@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from edgefleet.converter import phases
 from edgefleet.converter.bundle import write_bundle
+from edgefleet.converter.generative.source import is_generative
 from edgefleet.converter.model import SourceModel, load_model
 from edgefleet.converter.onnx_graph import graph_inputs, image_layout, passthrough_outputs
 from edgefleet.converter.passes import custom_ops as cops
@@ -54,12 +55,24 @@ from edgefleet.core.tensors import Dataset, load_dataset
 log = logging.getLogger(__name__)
 __all__ = ["convert"]
 
+GENERATIVE_OPTIONS = ("max_perplexity_ratio", "min_next_token_agreement", "prompt_tokens", "output_tokens")
+
 
 def convert(
     request: ConvertRequest, progress: Progress = lambda _msg: None, farm: Farm | None = None
 ) -> list[ProfileResult]:
     """Build, measure and sign. User errors are raised before anything is written to `out`. With a `farm`, each
-    profile's gated candidates are measured on its devices and chosen by their figures (converter.search)."""
+    profile's gated candidates are measured on its devices and chosen by their figures (converter.search). A
+    language model (a model directory, or an ONNX with past key/value inputs) goes to converter.generative."""
+    if is_generative(request.model):
+        if farm is not None:
+            raise UserInputError("--measure-on is for ONNX models; a language model is timed on this host only")
+        from edgefleet.converter.generative.conversion import convert_generative
+
+        return convert_generative(request, progress)
+    generative = [f"--{k.replace('_', '-')}" for k in GENERATIVE_OPTIONS if getattr(request, k) is not None]
+    if generative:
+        raise UserInputError(f"{', '.join(generative)}: for language models (a model directory), not an ONNX model")
     try:
         parse_version(request.version)
     except ValueError as err:

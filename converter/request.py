@@ -35,6 +35,12 @@ class ConvertRequest:
     min_score: float | None = None  # an absolute bar on the metric instead of a drop below FP32
     time_budget_s: float | None = None  # after this many seconds the search tries no more retries (FP32 is built)
     prune: bool = True  # skip building, scoring and timing candidates that cannot win (False: every one, to study)
+    # Language models (converter.generative; --calib and --eval are text files). None: the documented defaults
+    # (converter/generative/bars.py).
+    max_perplexity_ratio: float | None = None  # candidate perplexity ÷ FP32's on held-out text at most this (1.05)
+    min_next_token_agreement: float | None = None  # teacher-forced share of FP32's next tokens kept (0.80)
+    prompt_tokens: int | None = None  # TTFT is timed for a prompt this long (64)
+    output_tokens: int | None = None  # TPOT is timed over generations this long (32)
 
 
 @dataclass

@@ -22,11 +22,12 @@ from support.servers.brokers import MosquittoBroker
 from support.servers.pg_server import PostgresServer
 
 # Fixtures that live beside their helpers: the attack ledger (and its end-of-session table), the local API's
-# loaded models, the quality tests' bundles, the rollout tests' bundles.
+# loaded models, the quality tests' bundles, the generative (tinylm) bundles, the rollout tests' bundles.
 pytest_plugins = [
     "support.attacks.ledger",
     "support.local_api",
     "support.models.quality_bundles",
+    "support.models.generative",
     "support.rollouts.fleet",
 ]
 

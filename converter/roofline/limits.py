@@ -311,6 +311,11 @@ def _bandwidth_run(threads: int) -> tuple[Callable[[], None], int]:
     return run, 3 * count * 4
 
 
+def last_level_cache() -> int:
+    """Bytes of the CPU's last-level cache (32 MiB when sysfs does not say)."""
+    return _last_level_cache()
+
+
 def _last_level_cache() -> int:
     for index in (3, 2):
         try:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from edgefleet.cli.common import add_json, print_json, print_table
-from edgefleet.core.profiles import get_profile, load_profiles
+from edgefleet.core.profiles import Profile, get_profile, load_profiles
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,8 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from edgefleet.converter import inspect_model
+    from edgefleet.converter.generative import is_generative
 
     profiles = [get_profile(n) for n in args.profile] if args.profile else list(load_profiles().values())
+    if is_generative(args.model):
+        return _inspect_language_model(args, profiles)
     report = inspect_model(args.model, profiles)
     if args.json:
         print_json(report)
@@ -49,4 +52,35 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             notes = "; ".join(verdict.notes + target.notes)
             rows.append((verdict.profile, f"{target.runtime}/{target.format}", target.verdict, cannot, notes))
     print_table("profiles", ["profile", "target", "verdict", "cannot run", "notes"], rows)
+    return 0
+
+
+def _inspect_language_model(args: argparse.Namespace, profiles: list[Profile]) -> int:
+    """A language model (a model directory, or an ONNX with past key/value inputs): what it is, and per profile
+    the candidates `convert` would build."""
+    from edgefleet.converter.generative import inspect_decoder
+
+    report = inspect_decoder(args.model, profiles)
+    if args.json:
+        print_json(report)
+        return 0
+    parameters = f"{report['parameters']:,} parameters" if report["parameters"] else "parameters unknown"
+    print(f"{report['path']}: {report['kind']}, {report['model_type']}, {parameters} ({report['precision']})")
+    print(
+        f"  {report['layers']} layers, hidden {report['hidden_size']}, {report['attention_heads']} heads / "
+        f"{report['key_value_heads']} key-value heads (head dim {report['head_dim']}), "
+        f"vocabulary {report['vocab_size']}, context {report['context_length']}"
+    )
+    print(f"  tokenizer {', '.join(map(str, report['tokenizer']))}; end tokens {report['eos_token_ids']}")  # type: ignore[call-overload]
+    print(f"  OpenVINO export: {report['openvino']}")
+    rows = []
+    for verdict in report["profiles"]:  # type: ignore[attr-defined]
+        targets = verdict["targets"]
+        if isinstance(targets, str):
+            rows.append((verdict["profile"], "", "", targets))
+            continue
+        for target in targets:
+            not_built = "; ".join(f"{k}: {v}" for k, v in target["not_built"].items())
+            rows.append((verdict["profile"], target["runtime"], ", ".join(target["candidates"]), not_built))
+    print_table("profiles", ["profile", "runtime", "candidates", "not built"], rows)
     return 0

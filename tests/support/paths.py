@@ -9,3 +9,4 @@ TESTS = REPO / "tests"
 MODELS = REPO / "models"
 DIGITS = MODELS / "digits"
 TESTBED = MODELS / "testbed"
+TINYLM = MODELS / "tinylm"  # a 0.92M-parameter Llama: model/, calib.txt, heldout.txt

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_json, default_key, edgefleet_home, fmt, print_json, print_table
 from edgefleet.cli.convert.farm import add_farm_options, farm_from, print_farm
@@ -12,13 +13,33 @@ from edgefleet.core.errors import ConversionError, UserInputError
 from edgefleet.core.profiles import get_profile, load_profiles
 from edgefleet.core.trust.signing import SigningKey
 
+if TYPE_CHECKING:
+    from edgefleet.converter import ProfileResult
+
+# The language-model defaults, for the help only (the converter applies its own, converter/generative/bars.py; the
+# CLI imports no converter module until it converts: tests/unit/converter/generative/test_generative_cli.py keeps
+# the two equal).
+DEFAULT_MAX_PERPLEXITY_RATIO = 1.05
+DEFAULT_MIN_NEXT_TOKEN_AGREEMENT = 0.80
+DEFAULT_PROMPT_TOKENS = 64
+DEFAULT_OUTPUT_TOKENS = 32
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("convert", help="build one signed bundle per hardware profile")
-    parser.add_argument("model", type=Path)
+    parser.add_argument(
+        "model", type=Path, help="an ONNX file, or a language model: a Hugging Face model directory (or a GenAI export)"
+    )
     parser.add_argument("--profile", action="append", required=True, help="repeat for several; 'all' for every one")
-    parser.add_argument("--calib", type=Path, required=True, help=".npz calibration data (one key per input)")
-    parser.add_argument("--eval", type=Path, required=True, help=".npz evaluation data, optional 'labels'")
+    parser.add_argument(
+        "--calib", type=Path, required=True, help=".npz calibration data (one key per input); a language model: text"
+    )
+    parser.add_argument(
+        "--eval",
+        type=Path,
+        required=True,
+        help=".npz evaluation data (optional 'labels'); language model: text",
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--key", type=Path, default=None, help="bundle key (default $EDGEFLEET_HOME/keys/bundle.key)")
     parser.add_argument("--name", default=None, help="model name (default: from the file name)")
@@ -63,9 +84,51 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="CoreML targets: your torch model (.pt2 torch.export or .pt TorchScript) instead of onnx2torch",
     )
+    language = parser.add_argument_group("language models (a model directory; --calib and --eval are text files)")
+    language.add_argument(
+        "--max-perplexity-ratio", type=float, default=None, metavar="R",
+        help=f"candidate perplexity / FP32's on the held-out text at most R (default {DEFAULT_MAX_PERPLEXITY_RATIO})",
+    )  # fmt: skip
+    language.add_argument(
+        "--min-next-token-agreement", type=float, default=None, metavar="A",
+        help="share of positions whose most likely next token is FP32's, at least A "
+        f"(default {DEFAULT_MIN_NEXT_TOKEN_AGREEMENT})",
+    )  # fmt: skip
+    language.add_argument(
+        "--prompt-tokens", type=int, default=None, metavar="N",
+        help=f"time to first token is timed for an N-token prompt (default {DEFAULT_PROMPT_TOKENS})",
+    )  # fmt: skip
+    language.add_argument(
+        "--output-tokens", type=int, default=None, metavar="N",
+        help=f"time per output token is timed over N generated tokens (default {DEFAULT_OUTPUT_TOKENS})",
+    )  # fmt: skip
     add_farm_options(parser)
     add_json(parser)
     parser.set_defaults(func=cmd_convert)
+
+
+def _print_generative(results: list[ProfileResult]) -> None:
+    """Language models: every candidate's quality, token latency and share of the bandwidth limit (the reasons
+    for the others follow, as for any model)."""
+    for r in results:
+        rows = [c for c in r.candidates if "perplexity_ratio" in c]
+        if rows:
+            print_table(
+                f"{r.profile}: language-model candidates",
+                ["candidate", "ppl ratio", "next-token", "TTFT ms", "TPOT ms", "size KB", "% of limit", ""],
+                [_generative_row(c) for c in rows],
+            )
+
+
+def _generative_row(row: dict[str, object]) -> tuple[object, ...]:
+    def number(key: str, digits: int, scale: float = 1.0) -> str | None:
+        value = row.get(key)
+        return fmt(float(value) * scale, digits) if isinstance(value, int | float) else None
+
+    return (
+        row["name"], number("perplexity_ratio", 4), number("next_token_agreement", 4), number("ttft_ms", 3),
+        number("tpot_ms", 4), number("size_bytes", 1, 1e-3), number("limit_pct", 1), "chosen" if row["chosen"] else "",
+    )  # fmt: skip
 
 
 def model_name_from(path: Path) -> str:
@@ -117,6 +180,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         min_score=args.min_score,
         time_budget_s=args.time_budget,
         prune=args.prune,
+        max_perplexity_ratio=args.max_perplexity_ratio,
+        min_next_token_agreement=args.min_next_token_agreement,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
     )
     with farm_from(args) as farm, convert_progress() as progress:
         results = convert(request, progress=progress, farm=farm)
@@ -144,6 +211,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 print(f"  {r.profile}: {note}")
         for r in results:
             print_farm(r.profile, r.farm)
+        _print_generative(results)
         for r in results:
             for c in r.candidates:
                 if c.get("rejected"):
