@@ -24,7 +24,12 @@ class ServiceConfig(BaseModel):
     header_timeout_s: float = Field(default=10.0, gt=0, description="a request head must arrive within this")
     body_timeout_s: float = Field(default=30.0, gt=0, description="an admitted body must arrive within this")
     send_timeout_s: float = Field(default=10.0, gt=0, description="an answer must be taken within this")
-    workers: int = Field(default=0, ge=0, description="worker threads; 0: concurrency + 2")
+    workers: int = Field(
+        default=0,
+        ge=0,
+        description="worker threads for requests other than generations; 0: concurrency + 2 (each "
+        "generation the gate admits adds one: a stream holds its worker)",
+    )
 
 
 __all__ = ["ServiceConfig"]

@@ -9,6 +9,8 @@
                                                      binary (per output `binary_data`, or `binary_data_output`)
     POST /v2/models/{name}[/versions/{v}]/feedback   {"id" (the request's OIP id) or "request_id", "label"}
     POST /v2/repository/index                        [{"name", "version", "state": "READY", "reason"}]
+    POST /v2/models/{name}[/versions/{v}]/generate, /generate_stream   Triton's generate extension (generative
+                                                     models; agent/api/generation/triton_api.py)
 
 Errors are OIP's {"error": "message"} with the kind in the X-Error-Kind header: 400, 404, 413, 503 as on /v1.
 Loading and unloading through the repository API is refused (403): bundles arrive signed, over MQTT.
@@ -22,27 +24,28 @@ from edgefleet import __version__
 from edgefleet.agent.api.answers import Answers
 from edgefleet.agent.api.body_guard import decode_guarded
 from edgefleet.agent.api.errors import RequestError
+from edgefleet.agent.api.generation.routes import GenerationRoutes
 from edgefleet.agent.api.http.protocol import Admission, Head, Response
 from edgefleet.agent.api.oip import HEADER_LENGTH, decode_request, encode_response, model_metadata
 from edgefleet.agent.api.served import Admitted, ServedModel, Serving
 
-_MODEL = re.compile(r"^/v2/models/([A-Za-z0-9._-]{1,64})(?:/versions/([A-Za-z0-9._-]{1,64}))?(/[a-z]+)?$")
+_MODEL = re.compile(r"^/v2/models/([A-Za-z0-9._-]{1,64})(?:/versions/([A-Za-z0-9._-]{1,64}))?(/[a-z_]+)?$")
 _REPOSITORY = re.compile(r"^/v2/repository/models/([A-Za-z0-9._-]{1,64})/(load|unload)$")
-EXTENSIONS = ["binary_tensor_data", "model_repository"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "generate"]
 
 
 class RoutesV2:
-    def __init__(self, service: Serving, answers: Answers) -> None:
-        self.service, self.answers = service, answers
+    def __init__(self, service: Serving, answers: Answers, generation: GenerationRoutes) -> None:
+        self.service, self.answers, self.generation = service, answers, generation
 
     def admit(self, head: Head, length: int) -> Response | Admission:
         try:
-            return self._admit(head)
+            return self._admit(head, length)
         except RequestError as err:
             match = _MODEL.match(head.path)
             return self.answers.error(err, match.group(1) if match else "-", oip=True)
 
-    def _admit(self, head: Head) -> Response | Admission:
+    def _admit(self, head: Head, length: int) -> Response | Admission:
         answers, service, path = self.answers, self.service, head.path
         if head.method == "GET":
             if path == "/v2":
@@ -55,6 +58,8 @@ class RoutesV2:
         match = _MODEL.match(path)
         if match is not None:
             name, version, action = match.group(1), match.group(2), match.group(3) or ""
+            if head.method == "POST" and action in ("/generate", "/generate_stream"):
+                return self.generation.triton(head, name, version, length, stream=action == "/generate_stream")
             if head.method == "POST" and action == "/infer":
                 ticket = service.admit(name, version)
                 return Admission(lambda body: self._infer(ticket, head, body), ticket.release, ticket.quick)
@@ -66,8 +71,8 @@ class RoutesV2:
                 if action == "/ready":
                     return answers.later(lambda: answers.json({"name": name, "ready": True}, name))
                 return answers.later(lambda: answers.json(model_metadata(model.manifest), name))
-            if action in ("", "/ready", "/infer", "/feedback"):
-                allowed = "POST" if action in ("/infer", "/feedback") else "GET"
+            if action in ("", "/ready", "/infer", "/feedback", "/generate", "/generate_stream"):
+                allowed = "GET" if action in ("", "/ready") else "POST"
                 raise RequestError(405, "bad-request", f"use {allowed} for {path}")
         if path == "/v2/repository/index" and head.method == "POST":
             return answers.later(self._index)

@@ -10,16 +10,25 @@ never counts as a model failure.
                                    the answer has the request's format unless `Accept` asks for another
     POST /v1/models/{name}/feedback  {"request_id": ..., "label": N}
     GET  /v1/models, /v1/models/{name}, /healthz, /metrics (Prometheus text, or OpenMetrics on request)
+    POST /v1/completions, /v1/chat/completions   OpenAI-compatible generation (agent/api/generation/)
+
+`GET /v1/models` and `GET /v1/models/{name}` are both edgefleet's and OpenAI's: the list holds OpenAI's `object`
+and `data` beside edgefleet's `models`, and a model's description carries OpenAI's `id`, `object`, `created` and
+`owned_by` beside edgefleet's fields, so clients of either read the same answer.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 
 from edgefleet.agent.api.answers import Answers
 from edgefleet.agent.api.body_guard import decode_guarded
 from edgefleet.agent.api.errors import RequestError
+from edgefleet.agent.api.generation import openai_api
+from edgefleet.agent.api.generation.routes import GenerationRoutes
+from edgefleet.agent.api.generation.runner import GenerationParts, GenerationRunner
 from edgefleet.agent.api.http.protocol import Admission, Head, Response
 from edgefleet.agent.api.oip_routes import RoutesV2
 from edgefleet.agent.api.served import Admitted, Serving
@@ -32,17 +41,20 @@ _V1_FEEDBACK = re.compile(rf"^/v1/models/{_NAME}/feedback$")
 
 
 class Routes:
-    def __init__(self, service: Serving) -> None:
+    def __init__(self, service: Serving, generation: GenerationParts | None = None) -> None:
         self.service = service
         self.answers = Answers(service.metrics)
-        self.v2 = RoutesV2(service, self.answers)
+        parts = generation or GenerationParts.standalone()
+        self.generation = GenerationRoutes(GenerationRunner(parts, service.models), self.answers)
+        self.v2 = RoutesV2(service, self.answers, self.generation)
+        self.started = int(time.time())  # OpenAI's `created` of the models served
 
     # --- the App interface
     def admit(self, head: Head, length: int) -> Response | Admission:
         if head.path.startswith("/v2"):
             return self.v2.admit(head, length)
         try:
-            return self._admit_v1(head)
+            return self._admit_v1(head, length)
         except RequestError as err:
             model = m.group(1) if (m := _V1_INFER.match(head.path) or _V1_FEEDBACK.match(head.path)) else "-"
             return self.answers.error(err, model)
@@ -51,8 +63,12 @@ class Routes:
         return self.answers.refused(status, message)
 
     # --- /v1 and the shared endpoints
-    def _admit_v1(self, head: Head) -> Response | Admission:
+    def _admit_v1(self, head: Head, length: int) -> Response | Admission:
         service, answers, path = self.service, self.answers, head.path
+        if path in (openai_api.COMPLETIONS, openai_api.CHAT):
+            if head.method != "POST":
+                return answers.error(RequestError(405, "bad-request", f"use POST for {path}"), allow="POST")
+            return self.generation.openai(head, path, length)
         if head.method == "POST":
             if match := _V1_INFER.match(path):
                 ticket = service.admit(match.group(1))
@@ -70,17 +86,25 @@ class Routes:
         if path == "/healthz":
             return answers.later(self._healthz)
         if path == "/v1/models":
-            return answers.later(
-                lambda: answers.json({"models": [service.describe(m) for _, m in sorted(service.models().items())]})
-            )
+            return answers.later(self._models)
         if match := _V1_MODEL.match(path):
             model = service.models().get(match.group(1))
             if model is None:
                 raise RequestError(404, "not-found", f"no model named {match.group(1)!r} is served here")
-            return answers.later(lambda: answers.json(service.describe(model)))
+            entry = openai_api.model_entry(model.manifest, self.started)
+            return answers.later(lambda: answers.json({**service.describe(model), **entry}))
         if _V1_INFER.match(path):
             return answers.error(RequestError(405, "bad-request", "use POST for inference"), allow="POST")
         raise RequestError(404, "not-found", f"no such endpoint {path}")
+
+    def _models(self) -> Response:
+        """edgefleet's list (`models`) and OpenAI's (`object`, `data`) in one answer."""
+        models = sorted(self.service.models().items())
+        return self.answers.json({
+            "object": "list",
+            "data": [openai_api.model_entry(m.manifest, self.started) for _, m in models],
+            "models": [self.service.describe(m) for _, m in models],
+        })  # fmt: skip
 
     def _metrics(self, accept: str) -> Response:
         page, content_type = self.service.render_metrics(accept)

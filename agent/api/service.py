@@ -15,6 +15,10 @@ input that passed every check is a model failure: it calls `on_failure`, which h
 
 `swap(model)` replaces a model atomically: requests already holding the old model finish on it;
 `wait_idle(old)` says when the old one is no longer used. Nothing is unpickled.
+
+Generative models are served by the generation endpoints (agent/api/generation/), bounded by their own gate
+(`GenerationParts`, shared with MQTT): each admitted generation holds a worker while it runs or waits, so the pool
+has `workers` (default `concurrency + 2`) for everything else plus one per generation the gate admits.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numpy as np
 from edgefleet.agent.api.body_guard import load_json
 from edgefleet.agent.api.config import ServiceConfig
 from edgefleet.agent.api.errors import RequestError
+from edgefleet.agent.api.generation.runner import GenerationParts
 from edgefleet.agent.api.http.protocol import ServerLimits, listen_tcp, listen_unix
 from edgefleet.agent.api.http.server import HttpServer
 from edgefleet.agent.api.metrics.histograms import ServiceMetrics
@@ -41,6 +46,7 @@ from edgefleet.agent.api.metrics.page import MetricsPage
 from edgefleet.agent.api.routes import Routes
 from edgefleet.agent.api.served import ServedModel
 from edgefleet.agent.quality import FeedbackError, FieldAccuracy, parse_labels
+from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -100,9 +106,12 @@ class InferenceService:
         metrics: ServiceMetrics | None = None,
         on_answer: Callable[[float], None] | None = None,
         on_failure: Callable[[], None] | None = None,
+        generation: GenerationParts | None = None,
     ) -> None:
-        """`on_answer(latency_ms)` / `on_failure()`: a request answered / the model's own run failed."""
+        """`on_answer(latency_ms)` / `on_failure()`: a request answered / the model's own run failed. `generation`:
+        the limits, gate and accounting of generations (the daemon's, shared with MQTT; else the service's own)."""
         self.config = config or ServiceConfig()
+        self._generation = generation or GenerationParts.standalone()
         self._on_answer, self._on_failure = on_answer, on_failure
         if self.config.unix_socket is None and not _is_loopback(self.config.host):
             raise ValueError(
@@ -131,11 +140,15 @@ class InferenceService:
             if (score := self.field.score(n)).accuracy is not None
         ]
 
+    @property
+    def generation(self) -> GenerationParts:
+        return self._generation
+
     def render_metrics(self, accept: str = "") -> tuple[bytes, str]:
         """The /metrics page (agent/api/metrics/page.py, imported with this module: about 20 KiB; imported at the first
         scrape instead, on a worker thread, it cost that thread's malloc arena about 0.5 MB for good)."""
         if self._page is None:
-            self._page = MetricsPage(self.metrics)
+            self._page = MetricsPage(self.metrics, self._generation.accounting.metrics)
         return self._page.render(accept)
 
     # --- models
@@ -197,13 +210,15 @@ class InferenceService:
             os.chmod(path, config.socket_mode)
         else:
             listener = listen_tcp(config.host, config.port)
+        generations = self._generation.config.capacity  # each holds a worker while it runs or waits
         limits = ServerLimits(
             max_connections=config.max_connections, max_body_bytes=config.max_body_bytes,
             header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s,
             send_timeout_s=config.send_timeout_s, keep_alive_s=config.keep_alive_s,
-            workers=config.workers or config.concurrency + 2,
+            workers=(config.workers or config.concurrency + 2) + generations,
         )  # fmt: skip
-        self._server = HttpServer(listener, Routes(self), limits, on_close=self.metrics.closed.inc).start()
+        routes = Routes(self, self._generation)
+        self._server = HttpServer(listener, routes, limits, on_close=self.metrics.closed.inc).start()
         log.info("inference API on %s", self.address)
         return self
 
@@ -350,7 +365,21 @@ class InferenceService:
             else {"passed": golden.passed, "rule": golden.rule, "reason": golden.reason},
             "inputs": [spec.model_dump() for spec in manifest.inputs],
             "outputs": [spec.model_dump() for spec in manifest.outputs],
+            **_generation(manifest, self._generation.config.max_tokens),
         }
+
+
+def _generation(manifest: Manifest, cap: int) -> dict[str, Any]:
+    """A generative model's limits, as its clients need them."""
+    spec = manifest.generation
+    if spec is None:
+        return {}
+    return {"generation": {
+        "runtime": spec.runtime, "context_length": spec.context_length, "default_max_tokens": spec.max_new_tokens,
+        "max_tokens": min(cap, spec.context_length - 1), "eos_token_ids": list(spec.eos_token_ids),
+        "endpoints": [f"/v2/models/{manifest.model_name}/generate", f"/v2/models/{manifest.model_name}/generate_stream",
+                      "/v1/completions", "/v1/chat/completions"],
+    }}  # fmt: skip
 
 
 __all__ = ["InferenceService", "RequestError", "ServedModel", "ServiceConfig", "Ticket"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edgefleet.agent.api import ServiceConfig
+from edgefleet.agent.api import GenerationConfig, ServiceConfig
 from edgefleet.agent.quality import QualityConfig
 from edgefleet.agent.runtime import Policy
 from edgefleet.core.mqtt.connection import Protocol, TlsFiles
@@ -74,6 +74,9 @@ class AgentConfig(BaseModel):
     selection: Policy = Field(default_factory=Policy, description="how the execution provider is chosen")
     http: ServiceConfig | None = Field(
         default_factory=ServiceConfig, description="the local inference API; None turns it off"
+    )
+    generation: GenerationConfig = Field(
+        default_factory=GenerationConfig, description="generative models: concurrency, token cap, drain before a swap"
     )
 
     @property

@@ -60,6 +60,7 @@ class Heartbeat:
         latency, requests, errors, window_s = self.stats.snapshot()
         model, service = self.serving.model, self.service()
         golden = model.last_golden if model else None
+        generative = model is not None and model.generative is not None
         return Telemetry(
             device_id=self.serving.identity.device_id,
             bundle_id=model.bundle_id if model else None,
@@ -70,7 +71,7 @@ class Heartbeat:
             throughput_rps=round(requests / window_s, 3) if window_s > 0 else 0.0,
             latency=latency,
             golden_agreement=golden.agreement if golden else None,
-            golden_max_abs_error=golden.max_abs_error if golden else None,
+            golden_max_abs_error=golden.max_abs_error if golden and not generative else None,
             cpu_percent=self.resources.cpu_percent(),
             rss_mb=self.resources.rss_mb(),
             temperature_c=self.resources.temperature_c(),
@@ -80,6 +81,7 @@ class Heartbeat:
             spool_dropped=spool.dropped,
             seq=spool.seq,
             link=self.link.report(),
+            generation=self.stats.generation.snapshot() if generative or self.stats.generation.seen else None,
             **self.quality.telemetry_fields(model),
         )
 

@@ -7,11 +7,14 @@ dependencies given here and nothing shared behind them:
     Installer       the install worker: signed desired state, installs, commits, rollbacks (agent/install/)
     HealthMonitor   re-checks the served bundle; an unhealthy verdict is a command to the installer
     MqttInference   inference over MQTT (agent/api/mqtt.py); InferenceService is the local HTTP API
+    MqttGeneration  generation over MQTT, on workers of its own; it shares `GenerationParts` (one gate bounding
+                    generations device-wide, one accounting) with the local API
     Reporter        status, events and telemetry through the disk spool (agent/telemetry/)
     Heartbeat       the freeze check and the telemetry message on a timer (agent/daemon/heartbeat.py)
 
 What the device serves and its state live in one `ServingState`, changed only on the installer's thread; the hot
-swap it triggers is `_swapped` here.
+swap it triggers is `_swapped` here: the new model serves at once, and the old one is closed once its requests are
+done; a generative model's streams in flight get `generation.drain_s` to finish before they are cut.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import threading
 import time
 
 from edgefleet import __version__
-from edgefleet.agent.api import InferenceService, MqttInference, ServiceConfig
+from edgefleet.agent.api import (
+    GenerationParts,
+    InferenceService,
+    MqttGeneration,
+    MqttInference,
+    ServiceConfig,
+    ServiceMetrics,
+)
 from edgefleet.agent.daemon import watchdog
 from edgefleet.agent.daemon.config import AgentConfig
 from edgefleet.agent.daemon.heartbeat import Heartbeat
@@ -106,6 +116,9 @@ class Agent:
             HealthPolicy(config.health_interval_s, config.max_failure_ratio, config.failure_window),
         )  # fmt: skip
         self.mqtt = MqttInference(self.conn, self.topics, cid, lambda: self.serving.model, self.stats, self.quality)
+        self.metrics = ServiceMetrics()  # the local API's, and the model failures of generations over MQTT
+        self.generation = GenerationParts.build(config.generation, self.stats, self.metrics)
+        self.mqtt_generation = MqttGeneration(self.conn, self.topics, cid, lambda: self.serving.model, self.generation)
         self.heartbeat = Heartbeat(
             interval_s=config.telemetry_interval_s, reporter=self.reporter, serving=self.serving,
             desired=self.desired, stats=self.stats, resources=ResourceSampler(), quality=self.quality,
@@ -128,6 +141,7 @@ class Agent:
             self.conn.subscribe(self.topics.group_desired(group), self._on_group_desired)
         self.conn.subscribe(self.topics.infer_request(cid), self.mqtt.on_request, qos=0)
         self.conn.subscribe(self.topics.infer_feedback(cid), self.mqtt.on_feedback, qos=0)
+        self.conn.subscribe(self.topics.generate_request(cid), self.mqtt_generation.on_request)
         self.conn.subscribe(self.topics.stored(cid), self.reporter.on_stored)  # the control plane stored up to
         benchmark = BenchmarkService(
             self.conn, self.topics, cid, list(self.serving.identity.accepts_profiles), self.config.threads,
@@ -145,11 +159,13 @@ class Agent:
         for thread in threads:
             thread.start()
         self.quality.start()
+        self.mqtt_generation.start()
         # Ready once serving locally: waiting for the broker would turn a broker outage into a restart loop.
         watchdog.ready(self.serving.state)
         self._supervise(threads)
         watchdog.stopping()
         benchmark.stop()
+        self.mqtt_generation.stop()
         self.quality.stop()
         if self.service is not None:
             self.service.stop()
@@ -169,8 +185,9 @@ class Agent:
         model = self.serving.model
         try:
             self.service = InferenceService(
-                [model] if model else [], config, on_answer=self.stats.record, on_failure=self.stats.record_failure
-            ).start()
+                [model] if model else [], config, metrics=self.metrics, on_answer=self.stats.record,
+                on_failure=self.stats.record_failure, generation=self.generation,
+            ).start()  # fmt: skip
             self.service.field = self.quality.field  # one field-accuracy record (and quality observers) for every path
         except OSError as err:
             self.serving.set_error(f"local inference API not started: {err}", publish=False)
@@ -209,6 +226,11 @@ class Agent:
             threading.Thread(target=self._retire, args=(previous,), name="retire", daemon=True).start()
 
     def _retire(self, model: LoadedModel) -> None:
+        """Close a replaced model once nothing uses it: its generations in flight first get the drain time (those
+        still running then are cut, and counted), its other requests up to 30 s."""
+        cut = model.drain(self.config.generation.drain_s)
+        if cut:
+            log.warning("%d generations on %s were cut after the drain", cut, model.bundle_id)
         if self.service is None or self.service.wait_idle(model, 30):
             model.close()
 

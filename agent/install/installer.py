@@ -33,7 +33,7 @@ from edgefleet.core.trust.keyset import public_pem
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_FORMATS = ("onnx", "openvino-ir", "coreml", "onnx-tensorrt")
+SUPPORTED_FORMATS = ("onnx", "openvino-ir", "coreml", "onnx-tensorrt", "onnx-genai", "openvino-genai")
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")  # what an onnx-tensorrt bundle is for
 OFFER_NAME = "offer.json"  # the signed offer an installed bundle was verified by (re-checked at start-up)
 SIGNER_NAME = "signer.pub"  # the bundle key that signed it, as delegated at install time

@@ -122,7 +122,7 @@ class Quality:
         self._drift_bundle = None
         if model is None:
             return
-        if self.shadow is not None:
+        if self.shadow is not None and model.generative is None:
             self.shadow.rebase({c.output: c for c in checks_for(model.golden, model.manifest.golden)})
         reference = load_reference(model.bundle_dir, model.manifest.drift_reference)
         if reference is not None:
@@ -176,6 +176,9 @@ class Quality:
         self._stop_shadow()
         if wanted is None or served is None:
             return None
+        if served.generative is not None:
+            self._refused_shadows.add(wanted)
+            return ShadowProblem(wanted, "shadow bundles are not run beside a generative model", transient=False)
         try:
             model = install(wanted)
         except (TransferError, BrokerError) as err:

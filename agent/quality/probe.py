@@ -6,6 +6,10 @@ rollout would have nothing to judge. The prober runs one golden sample every 1/r
 Probe latencies feed the latency summary (so baselines and wave figures exist) and probe failures count
 against health like live ones; telemetry says how many requests were probes (`probe_requests`). Probes are not
 client requests: they are not counted in `requests`, and they feed neither drift, nor shadow, nor field accuracy.
+
+A generative model is probed with a short greedy generation from its next golden prompt, while no generation of a
+client runs: its time per output token feeds the latency summary (a generative model's request latency), its time
+to first token and tokens the window's `GenerationStats` (`probe_streams`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Protocol
 
 import numpy as np
 
+from edgefleet.agent.runtime.generative import GenerativeModel, Retired
+from edgefleet.agent.telemetry import GenerationWindow
 from edgefleet.core.quality.golden import GoldenSet
 
 log = logging.getLogger(__name__)
@@ -32,7 +38,10 @@ class ProbeConfig:
 
 
 class Probed(Protocol):
-    golden: GoldenSet
+    """A served model (agent.runtime.LoadedModel); a generative one has `generative`, a GenerativeModel."""
+
+    @property
+    def golden(self) -> GoldenSet: ...
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
@@ -43,6 +52,9 @@ class ProbeStats(Protocol):
     def record_probe(self, latency_ms: float) -> None: ...
 
     def record_failure(self) -> None: ...
+
+    @property
+    def generation(self) -> GenerationWindow: ...
 
 
 class Prober:
@@ -72,6 +84,9 @@ class Prober:
         model = self._model()
         if model is None or self._stats.live_within(self.config.idle_s) >= self.config.min_live:
             return False
+        generative = getattr(model, "generative", None)
+        if isinstance(generative, GenerativeModel):
+            return self._probe_generation(generative)
         golden = model.golden.inputs
         feeds = golden.sample(self._index % len(golden))
         self._index += 1
@@ -83,4 +98,22 @@ class Prober:
             self._stats.record_failure()
             return True
         self._stats.record_probe((time.perf_counter() - start) * 1000)
+        return True
+
+    def _probe_generation(self, model: GenerativeModel) -> bool:
+        if model.active:  # a client's generation runs: the device is not quiet
+            return False
+        try:
+            result = model.probe()
+        except Retired:
+            return False
+        except Exception as err:  # the model failing on its own golden prompt is a health signal
+            log.warning("probe generation failed: %s", err)
+            self._stats.record_failure()
+            return True
+        self._stats.generation.finished(
+            result.prompt_tokens, len(result.tokens), result.ttft_ms, result.decode_ms, probe=True
+        )
+        if result.tpot_ms is not None:
+            self._stats.record_probe(result.tpot_ms)
         return True

@@ -1,6 +1,9 @@
 """A verified bundle loaded on the provider chosen by measurement, checked against its golden set, run.
 
 The runtimes live in `agent/backends/` (one file each); the choice of provider in `agent/runtime/selection/selector.py`.
+A generative bundle is loaded as a `GenerativeModel` (agent/runtime/generative/) that this model holds: the same
+install path (load, golden check, commit or roll back, health) then serves it, and `generative` is how the API
+reaches its generation.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import numpy as np
 
 from edgefleet.agent.runtime import custom_ops
 from edgefleet.agent.runtime.backends import Session
+from edgefleet.agent.runtime.generative import GenerativeModel
 from edgefleet.agent.runtime.selection import warm_start as selection_prestart
-from edgefleet.agent.runtime.selection.selector import NoProviderError, Policy, ProviderChoice, select
+from edgefleet.agent.runtime.selection.selector import NoProviderError, Policy, ProviderChoice, Selected, select
 from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import BundleError, DataError
 from edgefleet.core.quality.golden import GoldenResult, GoldenSet, compare
@@ -46,27 +50,19 @@ class LoadedModel:
     ) -> None:
         start = time.perf_counter()
         self.bundle_dir, self.manifest = bundle_dir, manifest
-        self.golden = GoldenSet.load(bundle_dir / manifest.golden.path, manifest.inputs, manifest.outputs)
-        try:
-            work = (cache_dir or bundle_dir.parent / ".edgefleet-cache") / "custom-ops"
-            prepared = custom_ops.prepare(bundle_dir / manifest.model_path, manifest, work)
-            selected = select(
-                prepared.model_path,
-                manifest,
-                self.golden,
-                threads=threads,
-                cache_dir=cache_dir,
-                policy=policy,
-                bundle_dir=bundle_dir,
-                custom_op_libraries=prepared.libraries,
-            )
-        except BundleError:  # NoProviderError included: the message says why each provider was not usable
-            raise
-        except Exception as err:  # a bug or an unexpected runtime failure refuses the bundle, not the agent
-            raise BundleError(f"cannot load the model: {type(err).__name__}: {err}") from err
-        self._session: Session = selected.session
-        self.choice: ProviderChoice = selected.choice
-        self.selection_golden: GoldenResult = selected.golden  # the chosen provider's golden run during selection
+        self.generative: GenerativeModel | None = None
+        self._golden: GoldenSet | None = None
+        if manifest.generation is not None:
+            self.generative = _load_generative(bundle_dir, manifest, threads, policy)
+            self._session: Session = self.generative.session
+            self.choice: ProviderChoice = self.generative.choice
+            self.selection_golden: GoldenResult = self.generative.selection_golden
+        else:
+            self._golden = GoldenSet.load(bundle_dir / manifest.golden.path, manifest.inputs, manifest.outputs)
+            selected = _select(bundle_dir, manifest, self._golden, threads, cache_dir, policy)
+            self._session = selected.session
+            self.choice = selected.choice
+            self.selection_golden = selected.golden  # the chosen provider's golden run during selection
         self.last_golden: GoldenResult | None = None
         self._checks = _compile_checks(manifest)
         self._finite = _finite_inputs(manifest)  # floating inputs that must hold finite numbers only
@@ -75,6 +71,13 @@ class LoadedModel:
     @property
     def bundle_id(self) -> str:
         return self.manifest.bundle_id
+
+    @property
+    def golden(self) -> GoldenSet:
+        """The golden set of a tensor model (a generative model has golden prompts: `generative.golden`)."""
+        if self._golden is None:
+            raise BundleError(f"bundle {self.bundle_id} is generative: it has golden prompts, not a golden set")
+        return self._golden
 
     @property
     def provider(self) -> str:
@@ -86,6 +89,11 @@ class LoadedModel:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Validated inference: wrong names, dtypes or shapes raise DataError before the runtime sees them."""
+        if self.generative is not None:
+            raise DataError(
+                f"{self.manifest.model_name} is a generative model: use its generate endpoints "
+                f"(POST /v2/models/{self.manifest.model_name}/generate, /v1/completions, /v1/chat/completions)"
+            )
         if not self._fits(feeds):
             for name, value in feeds.items():
                 if not isinstance(value, np.ndarray):
@@ -119,7 +127,11 @@ class LoadedModel:
         return self._session.run(feeds)
 
     def check_golden(self, warmup: int = 3) -> GoldenResult:
-        """Warm up, then re-run the golden inputs and judge them against the bundle's expectations."""
+        """Warm up, then re-run the golden inputs and judge them against the bundle's expectations (a generative
+        model: its golden prompts, agent/runtime/generative/golden.py)."""
+        if self.generative is not None:
+            self.last_golden = self.generative.check_golden()
+            return self.last_golden
         try:
             for _ in range(warmup):
                 self._run(self.golden.inputs.sample(0))
@@ -131,9 +143,48 @@ class LoadedModel:
         self.last_golden = result
         return result
 
+    def drain(self, timeout_s: float) -> int:
+        """Before closing a replaced model: let its generations in flight finish for up to `timeout_s`, then cut the
+        rest (returns how many were cut; a tensor model has none)."""
+        return self.generative.drain(timeout_s) if self.generative is not None else 0
+
     def close(self) -> None:
         """Release the runtime session (only once no request can still reach this model)."""
+        if self.generative is not None:
+            self.generative.close()
+            return
         self._session.close()
+
+
+def _select(
+    bundle_dir: Path, manifest: Manifest, golden: GoldenSet, threads: int, cache_dir: Path | None, policy: Policy | None
+) -> Selected:
+    try:
+        work = (cache_dir or bundle_dir.parent / ".edgefleet-cache") / "custom-ops"
+        prepared = custom_ops.prepare(bundle_dir / manifest.model_path, manifest, work)
+        return select(
+            prepared.model_path,
+            manifest,
+            golden,
+            threads=threads,
+            cache_dir=cache_dir,
+            policy=policy,
+            bundle_dir=bundle_dir,
+            custom_op_libraries=prepared.libraries,
+        )
+    except BundleError:  # NoProviderError included: the message says why each provider was not usable
+        raise
+    except Exception as err:  # a bug or an unexpected runtime failure refuses the bundle, not the agent
+        raise BundleError(f"cannot load the model: {type(err).__name__}: {err}") from err
+
+
+def _load_generative(bundle_dir: Path, manifest: Manifest, threads: int, policy: Policy | None) -> GenerativeModel:
+    try:
+        return GenerativeModel(bundle_dir, manifest, threads, policy=policy)
+    except BundleError:
+        raise
+    except Exception as err:  # a bug or an unexpected runtime failure refuses the bundle, not the agent
+        raise BundleError(f"cannot load the generative model: {type(err).__name__}: {err}") from err
 
 
 def _compile_checks(manifest: Manifest) -> list[tuple[str, np.dtype[Any], int, tuple[tuple[int, int], ...]]]:
@@ -173,4 +224,6 @@ class RuntimeOptions:
 
     def prestart(self, manifest: Manifest) -> bool:
         """Start the measuring worker `load` will need for this bundle (if any) now, e.g. before its download."""
+        if manifest.generative:  # measured in the agent's process (agent/runtime/generative/selection.py)
+            return False
         return selection_prestart.prestart(manifest, self.threads, self.policy, self.cache_dir)

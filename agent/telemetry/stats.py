@@ -9,11 +9,14 @@ from collections import deque
 import numpy as np
 import psutil
 
+from edgefleet.agent.telemetry.generation_window import GenerationWindow
 from edgefleet.core.messages import LatencySummary
 
 
 class RequestStats:
-    """Latencies and counts since the last report, plus a bounded rolling window for percentiles."""
+    """Latencies and counts since the last report, plus a bounded rolling window for percentiles. For a generative
+    model the latency of a request is its time per output token (what the build's `latency.median_ms` is), and
+    `generation` holds the window's token figures."""
 
     def __init__(self, window: int = 4096) -> None:
         self._lock = threading.Lock()
@@ -25,10 +28,18 @@ class RequestStats:
         self._probes = 0
         self._live: deque[float] = deque(maxlen=1024)  # arrival times of the latest live requests
         self._since = time.monotonic()
+        self.generation = GenerationWindow()
 
     def record(self, latency_ms: float) -> None:
         with self._lock:
             self._latencies.append(latency_ms)
+            self._requests += 1
+            self._outcomes.append(True)
+            self._live.append(time.monotonic())
+
+    def record_answered(self) -> None:
+        """A request answered without a latency to report (a generation of a single token has no time per token)."""
+        with self._lock:
             self._requests += 1
             self._outcomes.append(True)
             self._live.append(time.monotonic())

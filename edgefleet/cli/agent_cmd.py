@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from edgefleet.agent import quality
-from edgefleet.agent.api import ServiceConfig
+from edgefleet.agent.api import GenerationConfig, ServiceConfig
 from edgefleet.agent.daemon import AgentConfig
 from edgefleet.agent.runtime import Policy
 from edgefleet.cli.common import add_tls, resolve
@@ -73,6 +73,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     api.add_argument("--no-http", action="store_true", help="no local API (remote calls over MQTT only)")
     api.add_argument("--http-queue", type=int, default=64, help="requests waiting beyond this get 503")
     api.add_argument("--http-max-body-mb", type=float, default=8.0, help="larger requests get 413")
+    gen = parser.add_argument_group("generative models (local API and MQTT)")
+    gen.add_argument("--generation-concurrency", type=int, default=2, help="generations running at once")
+    gen.add_argument("--generation-queue", type=int, default=2, help="generations waiting; beyond them 503")
+    gen.add_argument("--max-tokens", type=int, default=1024, help="the most tokens one request may generate")
+    gen.add_argument(
+        "--drain", type=float, default=30.0, metavar="S",
+        help="a swap lets the old model's generations finish for S seconds, then cuts them (default 30)",
+    )  # fmt: skip
     choice = parser.add_argument_group("execution provider choice")
     choice.add_argument(
         "--prefer-provider",
@@ -161,6 +169,12 @@ def _config(args: argparse.Namespace) -> AgentConfig:
             exclude=args.exclude_provider,
             load_timeout_s=args.load_timeout,
             engine_build_timeout_s=args.engine_build_timeout,
+        ),
+        generation=GenerationConfig(
+            concurrency=args.generation_concurrency,
+            queue=args.generation_queue,
+            max_tokens=args.max_tokens,
+            drain_s=args.drain,
         ),
         http=None
         if args.no_http

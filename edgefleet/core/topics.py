@@ -89,6 +89,19 @@ class Topics:
     def infer_responses(self, device_id: str) -> str:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/infer/response/+"
 
+    # --- request/response generation (edgefleet/core/generation_messages.py): the answer streams as chunks
+    def generate_request(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/generate/request"
+
+    def generate_response(self, device_id: str, client_id: str) -> str:
+        return (
+            f"{self.prefix}/devices/{check_segment('device id', device_id)}"
+            f"/generate/response/{check_segment('client id', client_id)}"
+        )
+
+    def generate_responses(self, device_id: str) -> str:
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/generate/response/+"
+
     # --- the fleet as the benchmark farm (edgefleet/core/farm_messages.py)
     def benchmark_request(self, device_id: str) -> str:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/benchmark/request"

@@ -1,6 +1,7 @@
 """HTTP/1.1 for the local inference API: request heads, answers, and what the server asks of the application.
 
-`Head` is a parsed request line and headers (agent/api/http/parser.py parses them); `Response` an answer;
+`Head` is a parsed request line and headers (agent/api/http/parser.py parses them); `Response` an answer, whole or
+streamed (`Response.stream`: written piece by piece by a worker, chunked on HTTP/1.1);
 `App.admit` decides on a request from its head alone and returns either an immediate `Response` or an `Admission`
 (a handler for the body, run by a worker, and a `release` that always runs once).
 """
@@ -34,13 +35,23 @@ class Head:
         return "close" not in connection
 
 
+Write = Callable[[bytes], bool]  # sends one piece of a streamed answer; False once the client is gone
+Stream = Callable[[Write], None]
+
+
 @dataclass
 class Response:
+    """An answer. With `stream`, the body is not `body`: the worker that answers calls `stream(write)` once (always,
+    even when the client has gone: `write` then returns False), and sends each piece as it is written, in chunked
+    transfer encoding on HTTP/1.1 (on HTTP/1.0 until the connection closes). The stream holds the worker for its
+    length."""
+
     status: int
     body: bytes = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
     close: bool = False
+    stream: Stream | None = None
 
 
 @dataclass
@@ -109,6 +120,23 @@ def encode(response: Response) -> bytes:
     if response.close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+
+
+def encode_stream_head(response: Response, *, chunked: bool) -> bytes:
+    """The head of a streamed answer: no Content-Length; `Transfer-Encoding: chunked`, or a close-delimited body."""
+    lines = [
+        f"HTTP/1.1 {response.status} {HTTPStatus(response.status).phrase}",
+        f"Date: {http_date()}",
+        "Server: edgefleet-agent",
+        f"Content-Type: {response.content_type}",
+        "Cache-Control: no-cache",
+    ]
+    lines.extend(f"{key}: {value}" for key, value in response.headers.items())
+    if chunked:
+        lines.append("Transfer-Encoding: chunked")
+    if response.close or not chunked:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def listen_tcp(host: str, port: int) -> socket.socket:

@@ -7,6 +7,10 @@ answered at once and the body is never read. An admitted request is handed, whol
 the worker answers it (with a send deadline) and gives the connection back. So a thousand slow clients cost a
 thousand sockets and a few bytes each, never a thread each, and can never starve the workers.
 
+An answer may be streamed (`Response.stream`, e.g. server-sent events of a generation): the worker sends the head,
+then each piece as the app writes it (chunked on HTTP/1.1), each within the send deadline; a client that goes away
+is seen at the next write, which then returns False. A stream holds its worker for its whole length.
+
 One exception saves a thread wake-up per request where it counts, for small fast models: a request whose body is
 complete and small (QUICK_BODY_MAX) and that the app calls quick (`Admission.quick`: the service is otherwise idle,
 the model's last run took under a millisecond and an inference slot is reserved for it) is answered on the I/O
@@ -26,9 +30,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from edgefleet.agent.api.http.chunked import LAST_CHUNK, chunk
 from edgefleet.agent.api.http.connection import BODY, BUSY, HEAD, IDLE, Conn, send_rest, send_some
 from edgefleet.agent.api.http.parser import read_request
-from edgefleet.agent.api.http.protocol import App, BadHead, Response, ServerLimits, encode
+from edgefleet.agent.api.http.protocol import App, BadHead, Response, ServerLimits, encode, encode_stream_head
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +305,11 @@ class HttpServer:
         return response
 
     def _work(self, conn: Conn) -> None:
+        chunked = conn.head is None or conn.head.version != "HTTP/1.0"
         response = self._respond(conn)
+        if response.stream is not None:
+            self._stream(conn, response, chunked)
+            return
         data = encode(response)
         now = time.monotonic()
         with self._selector_lock:  # the I/O thread cannot see this connection between the send and IDLE
@@ -309,6 +318,32 @@ class HttpServer:
                 conn.state, conn.last, conn.deadline = IDLE, now, now + self.limits.keep_alive_s
                 return  # the common case: one send, no selector change
         self._after_send(conn, data, sent, response.close, now)
+
+    def _stream(self, conn: Conn, response: Response, chunked: bool) -> None:
+        """On a worker: a streamed answer, piece by piece; the app's `stream` is called even when the client is gone
+        (its writes then return False), so that what it holds is always released."""
+        assert response.stream is not None
+        response.close = response.close or not chunked or self._stopping.is_set()
+        timeout = self.limits.send_timeout_s
+        head = encode_stream_head(response, chunked=chunked)
+        alive = [send_rest(conn.sock, head, 0, time.monotonic() + timeout)]
+
+        def write(data: bytes) -> bool:
+            if alive[0] and data:
+                framed = chunk(data) if chunked else data
+                sent = send_some(conn.sock, framed)  # the common case: the socket takes it at once
+                if sent != len(framed):
+                    alive[0] = sent >= 0 and send_rest(conn.sock, framed, sent, time.monotonic() + timeout)
+            return alive[0]
+
+        try:
+            response.stream(write)
+        except Exception:  # the app ends its own stream on errors; this is the last line of defence
+            log.exception("a streamed answer failed")
+            alive[0] = False
+        if alive[0] and chunked:
+            alive[0] = send_rest(conn.sock, LAST_CHUNK, 0, time.monotonic() + timeout)
+        self._after_send(conn, b"", 0 if alive[0] else -1, response.close, time.monotonic())
 
     def _after_send(self, conn: Conn, data: bytes, sent: int, close: bool, now: float) -> None:
         """On a worker: the rest of an answer (waiting for a slow peer), then the connection back to the I/O thread."""

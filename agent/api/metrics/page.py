@@ -24,7 +24,8 @@ from edgefleet.agent.api.metrics.exposition import (
     render_openmetrics,
     render_text,
 )
-from edgefleet.agent.api.metrics.histograms import ERROR_KINDS, Counter, ServiceMetrics
+from edgefleet.agent.api.metrics.generation import PROVIDER_NAME, GenerationMetrics
+from edgefleet.agent.api.metrics.histograms import ERROR_KINDS, Counter, Histogram, ServiceMetrics
 
 PREFIX = "edgefleet"
 _PROC = Path("/proc")
@@ -154,14 +155,55 @@ def service_families(m: ServiceMetrics) -> list[Family]:
     ]
 
 
+def _histogram(family: Family, labels: dict[str, str], histogram: Histogram, scale: float) -> None:
+    snap = histogram.snapshot()
+    cumulative = 0
+    for bound, n in zip((*snap.bounds_ms, math.inf), snap.counts, strict=True):
+        cumulative += n
+        family.add("_bucket", {**labels, "le": "+Inf" if math.isinf(bound) else repr(bound * scale)}, cumulative)
+    family.add("_count", labels, cumulative)
+    family.add("_sum", labels, snap.sum_ms * scale)
+
+
+def generation_families(g: GenerationMetrics) -> list[Family]:
+    """The gen_ai families (agent/api/metrics/generation.py), once there was a generation or a refusal."""
+    if g.empty():
+        return []
+    ttft, tpot, tokens = g.series()
+
+    def labels(operation: str, model: str, bundle: str) -> dict[str, str]:
+        return {"gen_ai_operation_name": operation, "gen_ai_provider_name": PROVIDER_NAME,
+                "gen_ai_request_model": model, "gen_ai_response_model": bundle}  # fmt: skip
+
+    first = Family("gen_ai_server_time_to_first_token_seconds", "histogram",
+                   "Time to generate first token for successful responses.")  # fmt: skip
+    for key, histogram in ttft:
+        _histogram(first, labels(*key), histogram, 1e-3)
+    per_token = Family("gen_ai_server_time_per_output_token_seconds", "histogram",
+                       "Time per output token generated after the first token for successful responses.")  # fmt: skip
+    for key, histogram in tpot:
+        _histogram(per_token, labels(*key), histogram, 1e-3)
+    usage = Family("gen_ai_client_token_usage", "histogram", "Number of input and output tokens used.")
+    for (operation, model, bundle, kind), histogram in tokens:
+        _histogram(usage, {**labels(operation, model, bundle), "gen_ai_token_type": kind}, histogram, 1.0)
+    refused = _counter("generations_refused", "Generation requests refused: busy, over the token budget, bad input.",
+                       ["reason"], g.refused)  # fmt: skip
+    cut = _counter("generations_cut", "Generations ended early: the client went away, or a swap's drain ran out.",
+                   ["model"], g.cut)  # fmt: skip
+    return [first, per_token, usage, refused, cut]
+
+
 class MetricsPage:
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self.metrics = metrics
+    def __init__(self, metrics: ServiceMetrics, generation: GenerationMetrics | None = None) -> None:
+        self.metrics, self.generation = metrics, generation
         self._process = _Process()
         self._platform = _platform()
 
     def families(self) -> list[Family]:
-        return [*self._process.families(), self._platform, *service_families(self.metrics)]
+        found = [*self._process.families(), self._platform, *service_families(self.metrics)]
+        if self.generation is not None:
+            found += generation_families(self.generation)
+        return found
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """(page, content type) in the format the Accept header asks for."""

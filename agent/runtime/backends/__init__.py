@@ -76,6 +76,7 @@ class LoadOptions:
     bundle_dir: Path | None = None  # the unpacked bundle (files the options name, e.g. a calibration table)
     tensorrt: TensorRTOptions | None = None  # the bundle's TensorRT EP options
     custom_op_libraries: tuple[str, ...] = ()  # custom-op libraries to register before loading
+    runtime_config: Mapping[str, str | int] = field(default_factory=dict)  # generative: the manifest's properties
 
     @property
     def float_f32(self) -> bool:

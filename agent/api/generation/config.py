@@ -1,0 +1,32 @@
+"""How the agent serves generations: how many at once, how many wait, a request's token cap, the body cap, and the
+drain before a replaced model is closed."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GenerationConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int = Field(default=2, ge=1, description="generations running at once (local API and MQTT together)")
+    queue: int = Field(default=2, ge=0, description="generations waiting for a slot; beyond it they are refused (503)")
+    queue_timeout_s: float = Field(default=10.0, gt=0, description="longest wait for a slot before a 503")
+    max_tokens: int = Field(
+        default=1024, ge=1, description="the most tokens one request may generate (also capped by the context)"
+    )
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024, description="a generation request's body, at most (413)")
+    drain_s: float = Field(
+        default=30.0, ge=0, description="a swap lets the old model's generations finish this long before cutting them"
+    )
+    mqtt_chunk_interval_s: float = Field(
+        default=0.05, ge=0, description="streamed text over MQTT is sent at most this often (pieces are joined)"
+    )
+
+    @property
+    def capacity(self) -> int:
+        """Generations admitted at most: running and waiting. Each holds a local-API worker while it lasts."""
+        return self.concurrency + self.queue
+
+
+__all__ = ["GenerationConfig"]
