@@ -4,9 +4,9 @@ Mosquitto runs with `use_identity_as_username true`, so the user name in each `u
 certificate: the device id for a device (see `edgefleet.control.credentials.pki`), `edgefleet-host` for the control
 plane. Every topic comes from `edgefleet.core.topics.Topics`; a device may
 
-- write its `status`, `telemetry`, `events` and `infer/response/+`;
-- read its own `desired` and `stored`, the `desired` of each of its groups, its `infer/request` and
-  `infer/feedback`, and the `manifest` and `blocks/+` of the bundles assigned to it and the chunks their offers
+- write its `status`, `telemetry`, `events`, `infer/response/+` and `generate/response/+`;
+- read its own `desired` and `stored`, the `desired` of each of its groups, its `infer/request`,
+  `infer/feedback` and `generate/request`, and the `manifest` and `blocks/+` of the bundles assigned to it and the chunks their offers
   list (by name), and nothing else.
 
 Host users read and write everything under the prefix. Lines outside a `user` block would apply to every
@@ -65,11 +65,13 @@ def device_rules(
         topics.telemetry(device_id),
         topics.events(device_id),
         _any_last_level(topics.infer_response(device_id, "x")),
+        _any_last_level(topics.generate_response(device_id, "x")),
         _any_last_level(topics.benchmark_result(device_id, "x")),
     )
     read = [topics.device_desired(device_id)]
     read += [topics.group_desired(g) for g in group_list]
     read += [topics.infer_request(device_id), topics.infer_feedback(device_id), topics.benchmark_request(device_id)]
+    read += [topics.generate_request(device_id)]  # a language model's streamed answers (core/generation_messages.py)
     read += [topics.stored(device_id)]  # what the control plane stored of its reports (its spool prunes to it)
     for bundle_id in bundle_list:
         read += [topics.bundle_offer(bundle_id), _any_last_level(topics.bundle_block(bundle_id, 0))]

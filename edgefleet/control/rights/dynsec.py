@@ -65,12 +65,14 @@ def base_acls(topics: Topics, device_id: str) -> list[Acl]:
         topics.telemetry(device_id),
         topics.events(device_id),
         topics.infer_responses(device_id),
+        topics.generate_responses(device_id),
         topics.benchmark_results(device_id),
     ]
     acls = [Acl("publishClientSend", topic) for topic in write]
     acls += _read(topics.device_desired(device_id))
     acls += _read(topics.infer_request(device_id))
     acls += _read(topics.infer_feedback(device_id))  # field-accuracy feedback on MQTT request/response
+    acls += _read(topics.generate_request(device_id))  # a language model's requests; answers stream as chunks
     acls += _read(topics.benchmark_request(device_id))  # the fleet as the benchmark farm
     acls += _read(topics.stored(device_id))  # what the control plane stored of its reports (its spool prunes to it)
     return acls

@@ -108,6 +108,7 @@ def test_a_device_reads_only_its_own_topics(
     secrets_ = {
         TOPICS.device_desired("dev-b"): _nonce(),
         TOPICS.infer_request("dev-b"): _nonce(),
+        TOPICS.generate_request("dev-b"): _nonce(),
         TOPICS.status("dev-b"): _nonce(),
         TOPICS.telemetry("dev-b"): _nonce(),
         TOPICS.bundle_offer("b-secret"): _nonce(),
@@ -119,6 +120,7 @@ def test_a_device_reads_only_its_own_topics(
     filters = [
         *secrets_,
         TOPICS.infer_responses("dev-b"),
+        TOPICS.generate_responses("dev-b"),
         f"{TOPICS.prefix}/devices/+/status",
         f"{TOPICS.prefix}/devices/#",
         f"{TOPICS.prefix}/bundles/#",
@@ -172,6 +174,8 @@ def test_a_device_certificate_cannot_publish_desired_state_or_offers(
         TOPICS.bundle_offer("b-forged"): offer,
         TOPICS.bundle_block("b-forged", 0): b"\x00" * 1024,
         TOPICS.status("dev-a"): b'{"forged": true}',
+        TOPICS.generate_response("dev-a", "app"): b'{"forged": "an answer in dev-a\'s name"}',
+        TOPICS.generate_request("dev-a"): b'{"prompt": "spend dev-a\'s tokens"}',
         "$CONTROL/dynamic-security/v1": b'{"commands":[{"command":"deleteRole","rolename":"edgefleet-host"}]}',
     }
     seen = Inbox()
@@ -202,7 +206,7 @@ def test_a_device_certificate_cannot_publish_desired_state_or_offers(
         rights = open_rights(operator, TOPICS, "dynsec")
         assert isinstance(rights, DynsecRights)
         assert not attack_ledger.record(
-            "a device certificate publishing desired state, offers, blocks, another's status, $CONTROL",
+            "a device certificate publishing desired state, offers, blocks, another's status and generation, $CONTROL",
             bool(delivered or stored),
             f"{refused}/{len(forged)} refused with PUBACK 0x87 Not authorized; delivered {delivered or 'none'}, "
             f"retained {stored or 'none'}",
