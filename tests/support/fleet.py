@@ -163,12 +163,14 @@ class FleetWatcher:
 def derive_bundle(source: Path, out_dir: Path, key: SigningKey, trusted: TrustedKeys, **changes: object) -> Path:
     """A copy of `source` with manifest fields changed (e.g. model_version, profile), re-signed by `key`.
 
-    Stands in for a second conversion run: the files stay the same, the manifest says what the test needs.
+    Stands in for a second conversion run: the files stay the same, the manifest says what the test needs
+    (`bundle_id` names the result; by default the source's id with the changed values appended).
     """
     unpacked = out_dir / f"unpacked-{len(list(out_dir.glob('unpacked-*')))}"
     manifest = unpack_bundle(source, unpacked, trusted)
-    suffix = "-".join(f"{v}" for v in changes.values())
-    updated = manifest.model_copy(update={**changes, "bundle_id": f"{manifest.bundle_id}-{suffix}"})
+    suffix = "-".join(f"{v}" for k, v in changes.items() if k != "bundle_id")
+    bundle_id = changes.pop("bundle_id", None) or f"{manifest.bundle_id}-{suffix}"
+    updated = manifest.model_copy(update={**changes, "bundle_id": bundle_id})
     sources = {entry.path: unpacked / entry.path for entry in manifest.files}
     path = out_dir / f"{updated.bundle_id}.bundle"
     pack_bundle(path, updated, sources, key)

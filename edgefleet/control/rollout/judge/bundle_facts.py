@@ -6,7 +6,8 @@ manifest, the signed offer's transfer layout and the bundle's golden set:
   a device already held (those of bundles it is recorded as having committed) can be subtracted; a block layout
   is fetched whole; an offer whose chunk list went out as index pages records the pages alone (a weak bound);
 - the bundle's own latency: the build's measurement, and the farm devices' per profile (`convert --measure-on`);
-- the golden outputs' score bands (`golden_bands`): what any output within tolerance of the build's can score;
+- the golden outputs' score bands (`golden_bands`): what any output within tolerance of the build's can score
+  (a generative bundle's: its golden prompts' floors up to 1, `generative_bands`);
 - the golden set's size (an install runs it once at least).
 Numbers only: nothing here is a string a device chose.
 """
@@ -23,12 +24,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgefleet.control.rollout.judge.golden_bands import Band, OutputBands, golden_bands
+from edgefleet.control.rollout.judge.golden_bands import Band, OutputBands, generative_bands, golden_bands
 from edgefleet.control.rollout.judge.latency import Source
 from edgefleet.control.store import Store
 from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import BundleError
 from edgefleet.core.messages import Transfer
+from edgefleet.core.quality.generation import GoldenPrompts
 from edgefleet.core.quality.golden_set import GoldenSet
 from edgefleet.core.transfer.chunks import wire_size
 
@@ -81,7 +83,7 @@ class BundleFacts(BaseModel):
         return Band(lo=min(b.lo for b in bands), hi=min(b.hi for b in bands))
 
 
-def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | None) -> BundleFacts:
+def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | GoldenPrompts | None) -> BundleFacts:
     """The facts of one bundle from its manifest, the transfer layout its offer signs, and its golden set."""
     if transfer.chunks:
         chunks = {c.sha256: wire_size(c) for c in transfer.chunks}
@@ -99,15 +101,22 @@ def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | None) -
     return BundleFacts(
         bundle_id=manifest.bundle_id, profile=manifest.profile, size=transfer.size, wire_bytes=wire, chunks=chunks,
         golden_count=manifest.golden.count, golden_min_agreement=manifest.golden.min_agreement,
-        golden=golden_bands(golden, manifest.golden) if golden is not None else {},
+        golden=_bands(golden, manifest),
         build_latency_ms=latency.median_ms if latency is not None and latency.median_ms > 0 else None,
         build_machine=latency.machine if latency is not None else "",
         farm_latency_ms={p: statistics.median(v) for p, v in farm.items()},
     )  # fmt: skip
 
 
-def read_golden(bundle: Path, manifest: Manifest) -> GoldenSet | None:
-    """The bundle file's golden set (None when the bundle carries none), checked against the manifest's hash."""
+def _bands(golden: GoldenSet | GoldenPrompts | None, manifest: Manifest) -> dict[str, OutputBands]:
+    if isinstance(golden, GoldenPrompts):
+        return generative_bands(golden)
+    return golden_bands(golden, manifest.golden) if golden is not None else {}
+
+
+def read_golden(bundle: Path, manifest: Manifest) -> GoldenSet | GoldenPrompts | None:
+    """The bundle file's golden set, or a generative bundle's golden prompts (None when the bundle carries none),
+    checked against the manifest's hash."""
     entry = next((f for f in manifest.files if f.path == manifest.golden.path), None)
     if entry is None:
         return None
@@ -122,9 +131,12 @@ def read_golden(bundle: Path, manifest: Manifest) -> GoldenSet | None:
         raise BundleError(f"{bundle.name}: cannot read its golden set: {err}") from err
     if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise BundleError(f"{bundle.name}: {entry.path} does not match the manifest's sha256")
-    with tempfile.NamedTemporaryFile(suffix=".npz") as tmp:
+    suffix = ".json" if manifest.generation is not None else ".npz"
+    with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
         tmp.write(data)
         tmp.flush()
+        if manifest.generation is not None:
+            return GoldenPrompts.load(Path(tmp.name))
         return GoldenSet.load(Path(tmp.name), manifest.inputs, manifest.outputs)
 
 

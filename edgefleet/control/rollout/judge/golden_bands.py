@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgefleet.core.bundle.manifest import GoldenSpec, OutputCheck, OutputRule
+from edgefleet.core.quality.generation import GoldenPrompts
 from edgefleet.core.quality.golden import checks_for
 from edgefleet.core.quality.golden_set import GoldenSet
 from edgefleet.core.quality.output_rules import SQNR_CAP_DB, is_label
@@ -76,6 +77,22 @@ def golden_bands(golden: GoldenSet, spec: GoldenSpec) -> dict[str, OutputBands]:
     }
 
 
+def generative_bands(golden: GoldenPrompts) -> dict[str, OutputBands]:
+    """A generative bundle's golden outputs (agent/runtime/generative/golden.py): next-token and continuation
+    agreement and the perplexity score (FP32's perplexity / the device's, at most 1). Whatever runtime or thread
+    count a device uses, a committed bundle met the floors its golden prompts carry and cannot beat FP32 itself, so
+    each score lies between its floor and 1; perplexity may beat FP32's slightly (quantization noise), never by more
+    than the floor allows below."""
+    agree = Band(lo=golden.min_next_token_agreement, hi=1.0)
+    cont = Band(lo=golden.min_continuation_agreement, hi=1.0)
+    ppl = Band(lo=1.0 / golden.max_perplexity_ratio, hi=1.0)
+    return {
+        "next-token": OutputBands(rule="position-agreement", score=agree, agreement=agree),
+        "perplexity": OutputBands(rule="continuous", score=ppl, agreement=Band(lo=0.0, hi=1.0)),
+        "continuation": OutputBands(rule="position-agreement", score=cont, agreement=cont),
+    }
+
+
 def _agreement(rule: OutputRule, reference: np.ndarray, expected: np.ndarray, m: float) -> OutputBands:
     count = len(reference)
     if rule == "class-agreement":
@@ -124,4 +141,4 @@ def _sqnr(signal: float, noise: float) -> float:
     return float(min(SQNR_CAP_DB, 10.0 * math.log10(signal / noise)))
 
 
-__all__ = ["SLACK", "Band", "OutputBands", "golden_bands", "output_bands"]
+__all__ = ["SLACK", "Band", "OutputBands", "generative_bands", "golden_bands", "output_bands"]
