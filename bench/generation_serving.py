@@ -10,6 +10,8 @@ session's (from the call to the first token; decode time over the tokens after i
 client's (from sending the request to the first event; the last event's arrival over the same tokens). The agent's
 service runs in a process of its own, as on a device: a client in the server's process would wait for the
 generating thread's GIL and add its own delay to every figure.
+
+bench/generate.py imports `raw`, `start_server`, `triton_stream` and `openai_stream` (its served rows).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +41,19 @@ from edgefleet.core.trust.signing import TrustedKeys  # noqa: E402
 PROMPT = "class Reader:\n    def read(self, path):\n        "
 
 
-def raw(model: LoadedModel, tokens: int) -> tuple[float, float]:
+def raw(model: LoadedModel, tokens: int, prompt: str | Sequence[int] = PROMPT) -> tuple[float, float]:
+    """The agent's session in process: (TTFT ms, TPOT ms) of one generation of `tokens` after `prompt` (text or
+    token ids)."""
     generative = model.generative
     assert generative is not None
-    ids = tuple(generative.encode(PROMPT))
+    ids = tuple(generative.encode(prompt)) if isinstance(prompt, str) else tuple(int(i) for i in prompt)
     result = generative.session.generate(GenerationRequest(ids, tokens, ignore_stop=True), lambda _p: None)
     assert result.tpot_ms is not None and len(result.tokens) == tokens
     return result.ttft_ms, result.tpot_ms
 
 
-def triton_stream(port: int, name: str, tokens: int) -> tuple[float, float]:
-    body = json.dumps({"text_input": PROMPT, "parameters": {"max_tokens": tokens, "ignore_eos": True}}).encode()
+def triton_stream(port: int, name: str, tokens: int, prompt: str = PROMPT) -> tuple[float, float]:
+    body = json.dumps({"text_input": prompt, "parameters": {"max_tokens": tokens, "ignore_eos": True}}).encode()
     head = b"POST /v2/models/%b/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (
         name.encode(), len(body),
     )  # fmt: skip
@@ -72,9 +77,10 @@ def triton_stream(port: int, name: str, tokens: int) -> tuple[float, float]:
     return (first - start) * 1000, (last - first) * 1000 / (tokens - 1)
 
 
-def openai_stream(client: Any, name: str, tokens: int) -> tuple[float, float]:
+def openai_stream(client: Any, name: str, tokens: int, prompt: str | list[int] = PROMPT) -> tuple[float, float]:
+    """The `openai` client's stream of completions; `prompt` text or token ids (OpenAI's completions take both)."""
     start = time.perf_counter()
-    stream = client.completions.create(model=name, prompt=PROMPT, max_tokens=tokens, stream=True,
+    stream = client.completions.create(model=name, prompt=prompt, max_tokens=tokens, stream=True,
                                        extra_body={"ignore_eos": True})  # fmt: skip
     first = last = 0.0
     for chunk in stream:

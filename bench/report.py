@@ -40,6 +40,13 @@ BENCHES = [
     Bench("serve", "Agent runtime and local API against raw runtime calls",
           "python bench/record.py serve --stdout -- python bench/serve.py --json",
           "The agent's in-process overhead, the local API's added latency, throughput, idle memory, first answer."),
+    Bench("generate", "Generation: the chosen tinylm bundle, served by the agent, against the standard recipes",
+          "python bench/record.py generate -- python bench/generate.py --json bench/results/generate.json",
+          "models/tinylm at 2 threads, one run, interleaved rounds (medians): ONNX Runtime GenAI's builder FP32 and "
+          "default INT4, OpenVINO GenAI with optimum-intel's default INT4 and OpenVINO's CPU defaults, and the bundle "
+          "edgefleet chose (bare runtime, the agent's session in process, the agent's service streamed over HTTP). "
+          "TTFT for a 64-token prompt, TPOT, perplexity and next-token agreement against FP32 on the same held-out "
+          "tokens, size of the folder the runtime loads, % of the read-bandwidth limit; the goals with verdicts."),
     Bench("transfer", "Bundle transfer against a raw publish of the same bytes",
           "python bench/record.py transfer -- python bench/transfer.py --mb 16 --rounds 5 --kill-trials 5 "
           "--cap-seconds 15 --fleet 50 --json bench/results/transfer.json",
@@ -202,12 +209,33 @@ def _serve(doc: dict[str, Any]) -> str:
     )
 
 
+def _generate(doc: dict[str, Any]) -> str:
+    goals = doc["goals"]
+
+    def goal(prefix: str, path: str) -> dict[str, Any]:
+        return next(g for g in goals if g["goal"].startswith(prefix) and path in g["row"])
+
+    bare, served = goal("TPOT", "bare runtime"), goal("TPOT", "Triton")
+    cost, ttft = goal("serving costs", "Triton"), goal("serving adds", "Triton")
+
+    def verdict(g: dict[str, Any]) -> str:
+        return "met" if g["met"] else "not met"
+
+    return (
+        f"tinylm's chosen INT4 bundle at {bare['value']:.2f}× the time per token of the fastest standard recipe inside "
+        f"the same bars ({bare['against']}; goal ≤ 1.0×, {verdict(bare)}), {served['value']:.2f}× streamed through "
+        f"the agent ({verdict(served)}); serving costs {cost['value']:.1f} % of raw tokens/s (goal ≤ 3 %, "
+        f"{verdict(cost)}) and adds {ttft['value']:.1f} ms to the first token (goal ≤ 5 ms, {verdict(ttft)})"
+    )
+
+
 HEADLINES: list[tuple[str, str, Callable[[Any], str]]] = [
     ("converter", "convert", _convert("digits-cnn", "the demo CNN")),
     ("agent", "serve", _serve),
     ("transfer", "transfer", _transfer),
     ("transfer", "transfer", _resume),
     ("control plane", "fleet", _fleet),
+    ("language models", "generate", _generate),
 ]
 
 

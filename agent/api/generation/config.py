@@ -19,8 +19,14 @@ class GenerationConfig(BaseModel):
     drain_s: float = Field(
         default=30.0, ge=0, description="a swap lets the old model's generations finish this long before cutting them"
     )
+    stream_interval_s: float = Field(
+        default=0.002,
+        ge=0,
+        description="streamed text on the local API: the first piece at once, then pieces "
+        "joined for at most this long (agent/api/generation/pacing.py)",
+    )
     mqtt_chunk_interval_s: float = Field(
-        default=0.05, ge=0, description="streamed text over MQTT is sent at most this often (pieces are joined)"
+        default=0.05, ge=0, description="streamed text over MQTT: the first piece at once, then at most this often"
     )
 
     @property

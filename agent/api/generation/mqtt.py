@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping
 
 from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.generation.call import GenerationCall
+from edgefleet.agent.api.generation.pacing import Coalescer
 from edgefleet.agent.api.generation.runner import GenerationParts, GenerationRunner, Served
 from edgefleet.agent.runtime.generative import GenerationResult, Sampling
 from edgefleet.core.errors import BrokerError
@@ -144,19 +144,16 @@ class MqttGeneration:
 
 
 class _Publisher:
-    """The chunks of one answer: text joined for at most the chunk interval, numbered, then the last chunk."""
+    """The chunks of one answer: the first piece at once, then text joined for at most the chunk interval
+    (agent/api/generation/pacing.py), numbered, then the last chunk."""
 
     def __init__(self, owner: MqttGeneration, request: GenerateRequest) -> None:
         self.owner, self.request = owner, request
-        self.interval = owner.parts.config.mqtt_chunk_interval_s
         self.index = 0
-        self.pending: list[str] = []
-        self.sent_at = time.monotonic()
+        self.pieces = Coalescer(owner.parts.config.mqtt_chunk_interval_s, self._text)
 
     def text(self, piece: str) -> None:
-        self.pending.append(piece)
-        if time.monotonic() - self.sent_at >= self.interval:
-            self._send(GenerateChunk(request_id=self.request.request_id, index=self.index, text="".join(self.pending)))
+        self.pieces.text(piece)
 
     def last(
         self,
@@ -166,9 +163,10 @@ class _Publisher:
         *,
         error: str | None = None,
     ) -> None:
+        text = self.pieces.take()
         if result is not None and not self.request.stream:
-            self.pending = [result.text]
-        chunk = GenerateChunk(request_id=self.request.request_id, index=self.index, text="".join(self.pending),
+            text = result.text
+        chunk = GenerateChunk(request_id=self.request.request_id, index=self.index, text=text,
                               done=True, error=error, bundle_id=bundle_id, provider=provider)  # fmt: skip
         if result is not None:
             usage = GenerateUsage(prompt_tokens=result.prompt_tokens, completion_tokens=len(result.tokens))
@@ -178,11 +176,13 @@ class _Publisher:
             })  # fmt: skip
         self._send(chunk)
 
+    def _text(self, text: str) -> bool:
+        self._send(GenerateChunk(request_id=self.request.request_id, index=self.index, text=text))
+        return True
+
     def _send(self, chunk: GenerateChunk) -> None:
         self.owner.publish(self.request, chunk)
         self.index += 1
-        self.pending = []
-        self.sent_at = time.monotonic()
 
 
 def _ignore(_text: str) -> None:

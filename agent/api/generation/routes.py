@@ -1,5 +1,6 @@
 """The local API's generation endpoints: Triton's generate and generate_stream (agent/api/generation/triton_api.py) and
-OpenAI's completions and chat (agent/api/generation/openai_api.py), whole or streamed as server-sent events.
+OpenAI's completions and chat (agent/api/generation/openai_api.py), whole or streamed as server-sent events (the
+first piece at once, then pieces joined for at most `stream_interval_s`: agent/api/generation/pacing.py).
 
 From the head alone: a body over the generation cap is a 413 and a full gate (every slot running, every queue place
 taken) a 503 with Retry-After, before the body is read; for Triton, an unknown or non-generative model a 404/400.
@@ -20,6 +21,7 @@ from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.generation import openai_api, sse, triton_api
 from edgefleet.agent.api.generation.call import GenerationCall
 from edgefleet.agent.api.generation.gate import GatePass
+from edgefleet.agent.api.generation.pacing import Coalescer, Send
 from edgefleet.agent.api.generation.runner import GenerationRunner, Prepared
 from edgefleet.agent.api.http.protocol import Admission, Head, Response, Write
 from edgefleet.agent.runtime.generative import GenerationResult
@@ -68,8 +70,10 @@ class GenerationRoutes:
         call = prepared.call
 
         def events(write: Write) -> None:
+            pieces = self._coalescer(lambda text: write(sse.event(triton_api.piece(call, version, text))))
+
             def on_text(text: str) -> None:
-                if not write(sse.event(triton_api.piece(call, version, text))):
+                if not pieces.text(text):
                     prepared.stopper.stop("cancelled", "the client went away")
 
             try:
@@ -77,6 +81,7 @@ class GenerationRoutes:
             except RequestError as err:
                 write(sse.event(triton_api.error(err.message)))
                 return
+            pieces.flush()
             if result.finish_reason == "cancelled":
                 write(sse.event(triton_api.error(_cut(result).message)))
             else:
@@ -119,8 +124,10 @@ class GenerationRoutes:
         call = prepared.call
 
         def events(write: Write) -> None:
+            pieces = self._coalescer(lambda text: write(sse.event(answer.chunk(text))))
+
             def on_text(text: str) -> None:
-                if not write(sse.event(answer.chunk(text))):
+                if not pieces.text(text):
                     prepared.stopper.stop("cancelled", "the client went away")
 
             if answer.chat:
@@ -130,6 +137,7 @@ class GenerationRoutes:
             except RequestError as err:
                 write(sse.event(openai_api.error_document(err)))
                 return
+            pieces.flush()
             if result.finish_reason == "cancelled":
                 write(sse.event(openai_api.error_document(_cut(result))))
                 return
@@ -141,6 +149,9 @@ class GenerationRoutes:
         return events
 
     # --- shared
+    def _coalescer(self, send: Send) -> Coalescer:
+        return Coalescer(self.runner.parts.config.stream_interval_s, send)
+
     def _enter(self, length: int) -> GatePass:
         limit = self.runner.parts.config.max_body_bytes
         if length > limit:
