@@ -1,16 +1,19 @@
 """A small language model on a fleet, end to end: the converter's signed tinylm bundle rolled out in waves to two
 real agents (subprocesses) on a real Mosquitto by the real control plane; answers streamed from each device with the
-official `openai` client; token figures per device in `fleet status`, the dashboard's API and its /metrics. Then a
-build that is slower on a device (every token delayed there: a backend plugin, since a real runtime cannot be made
-slower on demand) is rolled back by the token-latency guardrail, and the other device never installs it."""
+official `openai` client and answered on Triton's generate endpoint; token figures per device in `fleet status`, the
+dashboard's API and its /metrics. Then a build that is slower on a device (every token delayed there: a backend
+plugin, since a real runtime cannot be made slower on demand) is rolled back by the token-latency guardrail, and the
+other device never installs it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -39,6 +42,15 @@ SLOW_PLUGIN = Path(__file__).resolve().parents[1] / "support" / "slow_genai_back
 # device that takes 5 ms more per token does.
 THRESHOLDS = {"max_latency_factor": 1.5, "latency_slack_ms": 1.0, "max_error_rate": 0.05, "min_requests": 10}
 TIMING = {"baseline_s": 5.0, "observe_s": 6.0, "install_timeout_s": 120.0, "report_timeout_s": 30.0, "min_reports": 2}
+
+
+def _triton_generate(port: int, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = json.dumps({"text_input": prompt, "parameters": {"max_tokens": max_tokens, "ignore_eos": True}}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/models/tinylm/generate", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return dict(json.load(answer))
 
 
 def _fleet_status(broker: str) -> dict[str, dict[str, object]]:
@@ -103,6 +115,10 @@ def test_a_language_model_rolls_out_in_waves_streams_from_each_device_and_a_slow
             assert len(pieces) > 3, pieces
             texts[device] = "".join(pieces)
         assert texts[DEVICES[0]] == texts[DEVICES[1]] and texts[DEVICES[0]].strip()
+        # ... and answers Triton's generate extension with what the OpenAI completion gives (greedy, one bundle).
+        triton = _triton_generate(ports[DEVICES[1]], PROMPT, 16)
+        completion = api.completions.create(model="tinylm", prompt=PROMPT, max_tokens=16)
+        assert triton["text_output"] == completion.choices[0].text and triton["usage"]["completion_tokens"] == 16
 
         # Token figures per device: the CLI, the dashboard's API and its /metrics page.
         def generation_everywhere() -> dict[str, dict[str, object]] | None:
