@@ -6,8 +6,8 @@ plane. Every topic comes from `edgefleet.core.topics.Topics`; a device may
 
 - write its `status`, `telemetry`, `events`, `infer/response/+` and `generate/response/+`;
 - read its own `desired` and `stored`, the `desired` of each of its groups, its `infer/request`,
-  `infer/feedback` and `generate/request`, and the `manifest` and `blocks/+` of the bundles assigned to it and the chunks their offers
-  list (by name), and nothing else.
+  `infer/feedback` and `generate/request`, and the `manifest` and `blocks/+` of the bundles assigned to it and
+  the chunks their offers list (by name), and nothing else.
 
 Host users read and write everything under the prefix. Lines outside a `user` block would apply to every
 client, anonymous ones included, so there are none. Assigning a bundle to a device means rendering the file
