@@ -59,7 +59,7 @@ from edgefleet.converter.generative.bars import (
     DEFAULT_PROMPT_TOKENS,
     QualityBars,
 )
-from edgefleet.converter.generative.build import Artifact, Builder
+from edgefleet.converter.generative.builders import Artifact, Builder
 from edgefleet.converter.generative.candidates import BuildRecipe
 from edgefleet.converter.generative.judge import Reference, Scores, reference_of, score
 from edgefleet.converter.generative.limit import limit_of, read_bandwidth, weights_read_per_token

@@ -8,7 +8,7 @@ the default bars. Names are imported on first use, so importing this room costs 
 converted.
 
 Modules, one idea each: source (recognize, describe), text (tokenized slices), bars (the defaults and why),
-candidates (declared per target), build/ (the anchors' builders and post-passes), runtimes/ (ONNX Runtime GenAI,
+candidates (declared per target), builders/ (the anchors' builders and post-passes), runtimes/ (ONNX Runtime GenAI,
 OpenVINO GenAI, the FP32 reference), judge, timing, limit, golden, choose, record (one candidate's figures),
 bundle, conversion, inspection; quiet (builders' output) and torch_setup (passive OpenMP, no hub).
 """

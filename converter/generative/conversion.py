@@ -1,7 +1,7 @@
 """`convert_generative`: a decoder-only language model → one signed generative bundle per hardware profile.
 
 Order of work: check the model, the bars and the text files before writing anything; plan every profile's
-candidates (candidates.py); build each artifact once (build/); judge every candidate against FP32 on the same
+candidates (candidates.py); build each artifact once (builders/); judge every candidate against FP32 on the same
 held-out windows (judge.py); time those inside the bars and on this host's hardware, interleaved, at each
 profile's threads (timing.py); set them against the measured read bandwidth (limit.py); per profile, choose
 (choose.py), write the golden prompts from FP32 with the chosen artifact's own floors (golden.py) and sign the
@@ -27,7 +27,7 @@ from edgefleet.converter.generative.bars import (
     DEFAULT_PROMPT_TOKENS,
     QualityBars,
 )
-from edgefleet.converter.generative.build import Builder
+from edgefleet.converter.generative.builders import Builder
 from edgefleet.converter.generative.bundle import BundleInputs, write_generative_bundle
 from edgefleet.converter.generative.candidates import BuildRecipe, CandidateSpec, HostView, Skipped, plan_target
 from edgefleet.converter.generative.choose import Judged, choose

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgefleet.converter.generative.build import Artifact
+from edgefleet.converter.generative.builders import Artifact
 from edgefleet.converter.generative.candidates import CandidateSpec
 from edgefleet.converter.generative.judge import Scores
 from edgefleet.converter.generative.timing import TokenTimes

@@ -30,7 +30,7 @@ DECODER_MODEL_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "gemma2", "gemma3_text", "granite", "olmo",
      "smollm3", "nemotron"}
 )  # fmt: skip
-# The OpenVINO export (build/openvino_export.py) writes a Llama-style decoder: RoPE, RMSNorm, SiLU MLP, grouped-query
+# The OpenVINO export (builders/openvino_export.py) writes a Llama-style decoder: RoPE, RMSNorm, SiLU MLP, grouped-query
 # attention, optional q/k/v biases (qwen2); other families are refused for OpenVINO targets, with this reason.
 OPENVINO_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
