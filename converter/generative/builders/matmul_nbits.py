@@ -25,9 +25,7 @@ GPTQ_SAMPLES = 16  # 16 x 128 tokens: GPTQ took ~7 s on tinylm; more samples bar
 MODEL, DATA = "model.onnx", "model.onnx.data"
 
 
-def quantize_nbits(
-    base: Path, out: Path, params: dict[str, Any], calibration: list[np.ndarray]
-) -> list[PassRecord]:
+def quantize_nbits(base: Path, out: Path, params: dict[str, Any], calibration: list[np.ndarray]) -> list[PassRecord]:
     import onnx
 
     bits, block = int(params["bits"]), int(params["block_size"])

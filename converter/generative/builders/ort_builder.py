@@ -33,8 +33,16 @@ def build_with_builder(
         options = parse_extra_options(None, str(hf_dir), str(out), precision, provider, str(cache), extra)
         create_model(None, str(hf_dir), str(out), precision, provider, str(cache), **options)
     _remove_tree(cache)
-    return [PassRecord(name="onnxruntime-genai-builder", params={"precision": precision, "execution_provider": provider,
-                                                               **{k: params[k] for k in EXTRA_OPTIONS if k in params}})]
+    return [
+        PassRecord(
+            name="onnxruntime-genai-builder",
+            params={
+                "precision": precision,
+                "execution_provider": provider,
+                **{k: params[k] for k in EXTRA_OPTIONS if k in params},
+            },
+        )
+    ]
 
 
 def _option(value: str | int | float | bool) -> str:
