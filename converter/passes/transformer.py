@@ -89,10 +89,58 @@ def encoder(model: onnx.ModelProto) -> Encoder | None:
     return Encoder(attention, norms, gelus, embeddings, matmuls)
 
 
+def attention_geometry(model: onnx.ModelProto) -> tuple[int, int] | None:
+    """(num_heads, hidden_size) read from the graph, for ONNX Runtime's attention fusion, whose own detection reads
+    them from constant Reshape shapes and fails on exports that compute those shapes (transformers 5's BERT: then
+    it fuses no Attention at all). The hidden size is the width of the normalizations' scales; the head size
+    comes from the attention's scale, the scalar that multiplies (1/√d) or divides (√d) the query-key product
+    ahead of the Softmax. None when either is not found or they do not divide."""
+    nodes = graph_nodes(model.graph)
+    values = {i.name: i for i in model.graph.initializer}
+    values.update({n.output[0]: n.attribute[0].t for n in nodes if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})  # fmt: skip
+    producer = {o: n for n in nodes for o in n.output}
+
+    def scalar(name: str) -> float | None:
+        tensor = values.get(name)
+        if tensor is None:
+            return None
+        array = onnx.numpy_helper.to_array(tensor)
+        return float(array.ravel()[0]) if array.size == 1 and array.dtype.kind == "f" else None
+
+    def head_size(name: str, depth: int = 0) -> int | None:
+        node = producer.get(name)
+        if node is None or depth > 4:
+            return None
+        if node.op_type in ("Mul", "Div"):
+            for other in node.input:
+                value = scalar(other)
+                if value and value > 0:
+                    size = 1.0 / value**2 if node.op_type == "Mul" else value**2
+                    if 4 <= size <= 1024 and abs(size - round(size)) < 0.01:
+                        return round(size)
+        if node.op_type in ("Add", "Where", "Cast", "Mul", "Div", "MatMul"):
+            for found in (head_size(i, depth + 1) for i in node.input):
+                if found:
+                    return found
+        return None
+
+    widths = Counter(
+        int(values[n.input[1]].dims[-1]) for n in nodes
+        if n.op_type in ("LayerNormalization", "SkipLayerNormalization") and len(n.input) > 1 and n.input[1] in values
+        and isinstance(values[n.input[1]], onnx.TensorProto) and values[n.input[1]].dims
+    )  # fmt: skip
+    heads = Counter(h for n in nodes if n.op_type == "Softmax" and (h := head_size(n.input[0])))
+    if not widths or not heads:
+        return None
+    hidden, head = widths.most_common(1)[0][0], heads.most_common(1)[0][0]
+    return (hidden // head, hidden) if hidden % head == 0 and hidden > head else None
+
+
 @dataclass(frozen=True)
 class FusionConfig:
     model_type: str = "bert"
-    num_heads: int = 0  # 0: the optimizer reads them from the graph
+    num_heads: int = 0  # 0: attention_geometry reads them from the graph, or else the optimizer does
     hidden_size: int = 0
 
     def params(self) -> dict[str, str | int | float | bool | list[str] | None]:
@@ -101,10 +149,13 @@ class FusionConfig:
 
 def fuse(model: onnx.ModelProto, config: FusionConfig = FusionConfig()) -> tuple[onnx.ModelProto, dict[str, int]]:
     """ONNX Runtime's transformer fusions on `model` (not changed), and how many of each fused operator it made;
-    ConversionError when it fuses nothing."""
+    ConversionError when it fuses nothing. Heads and hidden size left at 0 are read by attention_geometry."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    if not (config.num_heads and config.hidden_size) and (geometry := attention_geometry(model)):
+        config = FusionConfig(config.model_type, *geometry)
+    for name in ("onnxruntime.transformers", "fusion_attention"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         with scratch_cwd(), contextlib.redirect_stdout(io.StringIO()):
             optimized = optimize_model(copy_model(model), model_type=config.model_type, num_heads=config.num_heads,

@@ -82,7 +82,10 @@ def _fused(request: SearchRequest, budget: Budget) -> Prepared:
         return Prepared(None, error=f"no fused graph: {err}")
     if reason:
         return Prepared(None, error=f"the transformer fusion misses the accuracy gate: {reason}")
-    passes.append(PassRecord(name="ort-transformer-fusion", params=dict(counts) | {"sqnr_db": round(sqnr, 2)}))
+    geometry = dict(zip(("num_heads", "hidden_size"), transformer.attention_geometry(model) or (0, 0), strict=True))
+    passes.append(
+        PassRecord(name="ort-transformer-fusion", params=dict(counts) | geometry | {"sqnr_db": round(sqnr, 2)})
+    )
     fused_ops = ", ".join(f"{op} x{n}" for op, n in counts.items())
     return Prepared(fused, passes, [f"ONNX Runtime's transformer fusions: {fused_ops}"])
 

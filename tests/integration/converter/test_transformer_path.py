@@ -55,6 +55,54 @@ def test_onnx_runtimes_fusions_fuse_attention_and_keep_the_outputs(encoder_file:
         transformer.fuse(onnx.load(str(DIGITS / "digits_cnn.onnx")))
 
 
+def _transformers_bert(path: Path, heads: int = 4, hidden: int = 64, layers: int = 2) -> Path:
+    """A randomly initialized BertModel as transformers 5 exports it (eager attention, TorchScript exporter): its
+    reshape shapes are computed, so ONNX Runtime's optimizer cannot read the head count from them."""
+    import warnings
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=500, hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                        intermediate_size=4 * hidden, max_position_embeddings=64)  # fmt: skip
+    config._attn_implementation = "eager"
+    bert = BertModel(config).eval()
+
+    class Sentence(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.mean(1)
+
+    ids = torch.ones(1, 16, dtype=torch.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Sentence().eval(), (ids, torch.ones_like(ids)), str(path), opset_version=17, dynamo=False,
+                          input_names=["input_ids", "attention_mask"], output_names=["embedding"])  # fmt: skip
+    return path
+
+
+def test_the_fusion_reads_heads_and_hidden_size_from_the_graph_when_the_exporter_computes_its_shapes(
+    tmp_path: Path,
+) -> None:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model = onnx.load(str(_transformers_bert(tmp_path / "bert.onnx", heads=4, hidden=64, layers=2)))
+    assert transformer.attention_geometry(model) == (4, 64)
+    own = optimize_model(str(tmp_path / "bert.onnx"), model_type="bert", opt_level=0)  # its own detection
+    assert not own.get_fused_operator_statistics().get("Attention")
+    fused, counts = transformer.fuse(model)
+    assert counts.get("Attention") == 2
+    feeds = {"input_ids": np.arange(16, dtype=np.int64)[None] + 3, "attention_mask": np.ones((1, 16), np.int64)}
+    feeds["attention_mask"][0, 12:] = 0
+    want, got = ort_runner(model)(feeds)["embedding"], ort_runner(fused)(feeds)["embedding"]
+    assert float(np.max(np.abs(got - want))) < 1e-4
+    assert transformer.attention_geometry(onnx.load(str(DIGITS / "digits_cnn.onnx"))) is None
+
+
 def test_weight_only_passes_store_the_matrix_products_in_fewer_bits(encoder_file: Path) -> None:
     model = onnx.load(str(encoder_file))
     int4 = prec.quantize_weights(model, prec.WeightOnlyConfig(bits=4))
