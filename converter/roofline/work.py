@@ -285,6 +285,7 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
     return count * _size(tensor.data_type)
 
 
+OV_VIEWS = {"Reshape", "Squeeze", "Unsqueeze", "ShapeOf", "FakeQuantize"}  # no activation traffic of their own
 OV_CONV = {"Convolution": 1, "GroupConvolution": 2}  # weight dims before the per-output-channel window
 OV_PLUMBING = {
     "Constant",
@@ -330,24 +331,30 @@ def openvino_work(model: object, feeds: Mapping[str, np.ndarray], hint: str | No
     def static(shape: object) -> list[int] | None:
         return [int(d) for d in shape.to_shape()] if shape.is_static else None  # type: ignore[attr-defined]
 
+    weight_side: set[str] = set()  # ops computed from constants alone (a weight's FakeQuantize, decompression)
     for op in model.get_ordered_ops():
         kind = op.get_type_name()
         if kind == "Constant":
             work.weight_bytes += int(op.get_byte_size()) if hasattr(op, "get_byte_size") else 0
+            weight_side.add(op.get_friendly_name())
             continue
         if kind in ("Parameter", "Result"):
             continue
         outputs = [static(op.get_output_partial_shape(i)) for i in range(op.get_output_size())]
         out = math.prod(outputs[0]) if outputs and outputs[0] is not None else None
         sources = [op.input(i).get_source_output().get_node() for i in range(op.get_input_size())]
-        for i, source in enumerate(sources):
-            if source.get_type_name() != "Constant":
-                shape = static(op.get_input_partial_shape(i))
-                size = 1 if source.get_type_name() == "FakeQuantize" else op.get_input_element_type(i).size
-                work.activation_bytes += math.prod(shape) * size if shape is not None else 0
-        for i, shape in enumerate(outputs):
-            if shape is not None:
-                work.activation_bytes += math.prod(shape) * op.get_output_element_type(i).size
+        if sources and all(s.get_friendly_name() in weight_side for s in sources):
+            weight_side.add(op.get_friendly_name())  # folded or fused when compiled: its bytes are the weight's
+            continue
+        if kind not in OV_VIEWS:  # a view moves no bytes; a FakeQuantize's input is read by its consumer's kernel
+            for i, source in enumerate(sources):
+                if source.get_friendly_name() not in weight_side:
+                    shape = static(op.get_input_partial_shape(i))
+                    size = 1 if source.get_type_name() == "FakeQuantize" else op.get_input_element_type(i).size
+                    work.activation_bytes += math.prod(shape) * size if shape is not None else 0
+            for i, shape in enumerate(outputs):
+                if shape is not None and kind != "FakeQuantize":
+                    work.activation_bytes += math.prod(shape) * op.get_output_element_type(i).size
         macs: int | None = 0
         if kind in OV_CONV:
             weight = static(op.get_input_partial_shape(1))
