@@ -187,40 +187,49 @@ class Converted:
     head_to_head: dict[str, object] | None
 
 
+# The CLI in a child that writes its own peak RSS when it exits: VmHWM, the high-water mark of the address space
+# it exec'd into. Not os.wait4's ru_maxrss: Linux folds the address space a child had before exec (a copy of this
+# process's, several GB by the last model) into it, which read 4.0 GB for a conversion that peaked at 0.9 GB.
+_PEAK_WRAPPER = """
+import atexit, pathlib, runpy, sys
+out = pathlib.Path(sys.argv.pop(1))
+def peak():
+    status = pathlib.Path("/proc/self/status").read_text().splitlines()
+    out.write_text(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+atexit.register(peak)
+sys.argv[0] = "edgefleet"
+runpy.run_module("edgefleet", run_name="__main__")
+"""
+
+
 def _convert_cold(
     case: Case, profile: str, threads: int, key: Path, work: Path, budget_s: float | None
-) -> tuple[Converted, float, float]:
+) -> tuple[Converted, float, float | None]:
     """edgefleet's conversion as a user runs it: `edgefleet convert --no-cache` in a fresh process. Its result,
-    the cold wall time (process start included) and the process's peak RSS in MB (os.wait4's ru_maxrss)."""
+    the cold wall time (process start included) and the process's peak RSS in MB (None where /proc has none)."""
     import subprocess
     import time
 
+    peak_file = work / f"{case.name}.peak-kb"
     command = [
-        sys.executable, "-m", "edgefleet", "convert", str(case.model), "--profile", profile, "--calib",
-        str(case.calib), "--eval", str(case.eval), "--out", str(work / case.name), "--key", str(key), "--name",
-        case.name, "--threads", str(threads), "--no-cache", "--json",
+        sys.executable, "-c", _PEAK_WRAPPER, str(peak_file), "convert", str(case.model), "--profile", profile,
+        "--calib", str(case.calib), "--eval", str(case.eval), "--out", str(work / case.name), "--key", str(key),
+        "--name", case.name, "--threads", str(threads), "--no-cache", "--json",
     ]  # fmt: skip
     command += [f"--pin={k}={v}" for k, v in case.pins.items()]
     command += ["--metric", case.metric] if case.metric else []
     command += ["--min-score", str(case.min_score)] if case.min_score is not None else []
     command += ["--time-budget", str(budget_s)] if budget_s else []
     start = time.perf_counter()
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    ) as proc:
-        stdout = proc.stdout.read()  # type: ignore[union-attr]
-        _pid, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, stdout=subprocess.PIPE, env=env, check=False)
     seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        return (
-            Converted(None, None, f"edgefleet convert exited {proc.returncode}", None),
-            seconds,
-            usage.ru_maxrss / 1024,
-        )
-    (found,) = json.loads(stdout)["profiles"]
+    peak_mb = int(peak_file.read_text()) / 1024 if peak_file.exists() else None
+    if done.returncode != 0:
+        return Converted(None, None, f"edgefleet convert exited {done.returncode}", None), seconds, peak_mb
+    (found,) = json.loads(done.stdout)["profiles"]
     converted = Converted(found.get("bundle"), found.get("recipe"), found.get("error"), found.get("head_to_head"))
-    return converted, seconds, usage.ru_maxrss / 1024
+    return converted, seconds, peak_mb
 
 
 def _run_case(
@@ -322,13 +331,13 @@ def _run_case(
             best = min(passing, key=lambda r: float(r["median_ms"]))  # type: ignore[arg-type]
             chosen["vs_fastest_passing_baseline"] = float(chosen["median_ms"]) / float(best["median_ms"])  # type: ignore[arg-type]
             chosen["fastest_passing_baseline"] = best["recipe"]
-        chosen["cold_search_s"], chosen["peak_rss_mb"] = round(cold_s, 1), round(peak_rss_mb)
+        chosen["cold_search_s"], chosen["peak_rss_mb"] = round(cold_s, 1), peak_rss_mb and round(peak_rss_mb)
         if fp32:
             chosen["speedup_vs_ort_fp32"] = float(fp32["median_ms"]) / float(chosen["median_ms"])  # type: ignore[arg-type]
     elif not result.bundle:
         rows.append(
             {"model": case.name, "profile": profile.name, "recipe": "edgefleet", "error": f"no bundle: {result.error}",
-             "cold_search_s": round(cold_s, 1), "peak_rss_mb": round(peak_rss_mb)}
+             "cold_search_s": round(cold_s, 1), "peak_rss_mb": peak_rss_mb and round(peak_rss_mb)}
         )  # fmt: skip
     return rows
 
