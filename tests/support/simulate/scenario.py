@@ -44,6 +44,7 @@ def synthetic_bundle(
     seed: int = 0,
     accuracy_budget: float = 0.01,
     latency_ms: float = 0.25,
+    golden: tuple[int, float] = (1, 1.0),  # the golden set's size and floor (the build's agreement less one input)
 ) -> Path:
     """A signed bundle whose model file is `size_bytes` of random bytes: for simulated devices only (they
     check the transfer, not the model), so benchmarks and tests need no converter."""
@@ -73,7 +74,7 @@ def synthetic_bundle(
         accuracy=AccuracyReport(
             metric="top1", value=0.99, reference=0.99, budget=accuracy_budget, samples=100, passed=True
         ),
-        golden=GoldenSpec(count=1, max_abs_error=1e-3, min_agreement=1.0),
+        golden=GoldenSpec(count=golden[0], max_abs_error=1e-3, min_agreement=golden[1]),
         latency=LatencyReport(  # what simulated inference takes by default (Behavior.latency_ms)
             median_ms=latency_ms,
             p90_ms=latency_ms * 1.4,

@@ -75,6 +75,13 @@ class BundleFacts(BaseModel):
             return self.build_latency_ms, "build", f"the build ({self.build_machine or 'host'})"
         return None
 
+    def build_agreement(self) -> float | None:
+        """The share of golden inputs whose argmax the build's own outputs shared with the FP32 reference (its
+        manifest's floor is that share less one input): 1.0 for an FP32 bundle, less for a lower precision."""
+        if self.golden_min_agreement is None or self.golden_count <= 0:
+            return None
+        return min(1.0, self.golden_min_agreement + 1.0 / self.golden_count)
+
     def agreement_band(self) -> Band | None:
         """The band of the legacy `golden_agreement` (the lowest agreement over the outputs)."""
         if not self.golden:
