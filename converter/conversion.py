@@ -70,6 +70,7 @@ def convert(
         from edgefleet.converter.generative.conversion import convert_generative
 
         return convert_generative(request, progress)
+    started = time.monotonic()  # --time-budget counts from here: loading, the reference and every profile's search
     generative = [f"--{k.replace('_', '-')}" for k in GENERATIVE_OPTIONS if getattr(request, k) is not None]
     if generative:
         raise UserInputError(f"{', '.join(generative)}: for language models (a model directory), not an ONNX model")
@@ -133,13 +134,18 @@ def convert(
         ws = Workspace(
             work=Path(tmp),
             cache=BuildCache(request.cache_dir) if request.cache_dir else None,
-            deadline=time.monotonic() + request.time_budget_s if request.time_budget_s else None,
+            budget_s=request.time_budget_s,
             progress=progress,
         )
+        if request.time_budget_s:  # the timing rounds and the bundle: 10 s, or a fifth of a larger budget
+            ws.reserve_s = max(ws.reserve_s, 0.2 * request.time_budget_s)
         facts = HostFacts.probe(f for p in request.profiles for f in p.match.files)
         providers = frozenset(ort.get_available_providers())
         for index, profile in enumerate(request.profiles, 1):
             progress(f"[{index}/{len(request.profiles)}] {profile.name}")
+            if request.time_budget_s:  # the budget counts from the start; each profile gets its share of what is left
+                left = started + request.time_budget_s - time.monotonic()
+                ws.deadline = time.monotonic() + left / (len(request.profiles) - index + 1)
             results.append(_convert_profile(request, loaded, ws, profile, facts, providers, farm))
         if request.report:
             progress("writing the conversion report")

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from edgefleet.converter import deadline
 from edgefleet.core.errors import ConversionError
 from edgefleet.core.tensors import Dataset, run_samples
 
@@ -134,8 +135,14 @@ def openvino_runner(
 
 
 def predict(runner: Runner, dataset: Dataset) -> dict[str, np.ndarray]:
+    """Every sample's outputs, stacked; under a deadline (converter.deadline) it is checked before each sample."""
+
+    def checked(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        deadline.check()
+        return runner(feeds)
+
     try:
-        return run_samples(runner, dataset)
+        return run_samples(checked, dataset)
     except ConversionError:
         raise
     except Exception as err:  # a runtime failing on real data is a candidate failure, not a crash

@@ -23,8 +23,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from edgefleet.converter import deadline
 from edgefleet.converter.metrics import Metric
-from edgefleet.converter.passes.openvino import OpenVINOArtifact, _first_line
+from edgefleet.converter.passes.openvino import OpenVINOArtifact, _first_line, checked
 from edgefleet.core.bundle.manifest import PassRecord
 from edgefleet.core.errors import ConversionError
 from edgefleet.core.tensors import Dataset
@@ -82,6 +83,7 @@ def quantize_with_accuracy_control(
     items = [(i, {k: np.asarray(v) for k, v in evaluation.sample(i).items()}) for i in range(len(evaluation))]
 
     def validate(compiled: Any, data: Iterable[tuple[int, dict[str, np.ndarray]]]) -> tuple[float, list[float]]:
+        deadline.check()  # NNCF validates after each compile: ranking, then each layer it reverts
         per_item = sample_scores(compiled, data, reference, task_score)
         return float(np.mean(per_item)) if per_item else 0.0, per_item
 
@@ -100,8 +102,8 @@ def quantize_with_accuracy_control(
         with contextlib.redirect_stdout(io.StringIO()):
             model = nncf.quantize_with_accuracy_control(
                 artifact.model.clone(),
-                nncf.Dataset(calib),
-                nncf.Dataset(items, lambda item: item[1]),
+                nncf.Dataset(calib, checked),
+                nncf.Dataset(items, lambda item: checked(item[1])),
                 validate,
                 max_drop=config.max_drop,
                 drop_type=nncf.DropType.ABSOLUTE,
@@ -110,6 +112,8 @@ def quantize_with_accuracy_control(
                 fast_bias_correction=config.fast_bias_correction,
                 advanced_accuracy_restorer_parameters=restorer,
             )
+    except deadline.TimeBudgetSpent:
+        raise
     except Exception as err:  # NNCF raises its own errors and whatever OpenVINO raises
         raise ConversionError(f"NNCF accuracy-controlled INT8 failed: {_first_line(err)}") from err
     finally:

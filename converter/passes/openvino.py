@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import onnx
 
+from edgefleet.converter import deadline
 from edgefleet.core.errors import ConversionError
 from edgefleet.core.tensors import Dataset
 
@@ -127,6 +128,13 @@ def _transformer(config: NNCFConfig) -> dict[str, Any]:
     return found
 
 
+def checked(sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """NNCF's dataset transform: each sample it draws (statistics, bias correction, SmoothQuant) first checks the
+    conversion's deadline (converter.deadline)."""
+    deadline.check()
+    return sample
+
+
 def quantize_nncf(artifact: OpenVINOArtifact, config: NNCFConfig, calibration: Dataset) -> OpenVINOArtifact:
     """NNCF post-training INT8 on the OpenVINO model (the model passed in is cloned, never changed)."""
     import nncf
@@ -144,13 +152,15 @@ def quantize_nncf(artifact: OpenVINOArtifact, config: NNCFConfig, calibration: D
         with contextlib.redirect_stdout(io.StringIO()):
             quantized = nncf.quantize(
                 artifact.model.clone(),
-                nncf.Dataset(samples),
+                nncf.Dataset(samples, checked),
                 preset=preset,
                 subset_size=len(samples),
                 fast_bias_correction=config.fast_bias_correction,
                 ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
                 **_transformer(config),
             )
+    except deadline.TimeBudgetSpent:
+        raise
     except Exception as err:  # NNCF raises its own errors and whatever OpenVINO raises
         raise ConversionError(f"NNCF INT8 quantization failed: {_first_line(err)}") from err
     return OpenVINOArtifact(quantized, artifact.inference_precision_hint, False)

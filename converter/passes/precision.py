@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 import onnx
 
+from edgefleet.converter import deadline
 from edgefleet.converter.onnx_graph import graph_nodes
 from edgefleet.converter.passes.graph import copy_model, default_opset
 from edgefleet.converter.scratch import scratch_cwd
@@ -205,6 +206,7 @@ class _Reader:
 
     def _make(self) -> Iterator[dict[str, np.ndarray]]:
         for index in range(min(self._limit, len(self._dataset))):
+            deadline.check()
             yield {k: np.asarray(v) for k, v in self._dataset.sample(index).items()}
 
     def get_next(self) -> dict[str, np.ndarray] | None:  # numpy scalars (0-d samples) become arrays for ORT
@@ -285,6 +287,8 @@ def quantize_int8_static(model: onnx.ModelProto, config: StaticConfig, calibrati
                     nodes_to_exclude=excluded,
                     extra_options=extra,
                 )
+        except deadline.TimeBudgetSpent:
+            raise
         except Exception as err:  # the quantizer raises a mix of ValueError, RuntimeError and ORT errors
             raise ConversionError(f"INT8 static quantization failed: {_first_line(err)}") from err
         return onnx.load(str(out))

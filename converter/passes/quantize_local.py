@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from edgefleet.converter import deadline
 from edgefleet.converter.passes.heads import PLUMBING
 from edgefleet.converter.passes.precision import QDQ_MIN_OPSET, _at_least_opset, _first_line, prepare_for_quantization
 from edgefleet.core.errors import ConversionError
@@ -71,6 +72,7 @@ def local_report(
         noise = dict.fromkeys(watched, 0.0)
         local_names = [o.name for o in local.graph.output]
         for feeds in _samples(data, samples):
+            deadline.check()
             values = dict(zip(wanted, float_session.run(wanted, feeds), strict=True))
             local_feeds = {i.name: feeds[i.name] for i in local.graph.input if i.name in feeds}
             local_feeds |= {t + FLOAT_FEED: values[t] for t in fed}
@@ -80,6 +82,8 @@ def local_report(
                 diff = got[output].astype(np.float64).reshape(want.shape) - want
                 signal[name] += float(np.sum(want**2))
                 noise[name] += float(np.sum(diff**2))
+    except deadline.TimeBudgetSpent:
+        raise
     except Exception as err:  # onnxruntime raises its own errors on graphs it cannot load or run
         raise ConversionError(f"local per-layer quantization report failed: {_first_line(err)}") from err
     producers = {o: n for n in prepared.graph.node for o in n.output}

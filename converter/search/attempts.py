@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from edgefleet.converter import phases
+from edgefleet.converter import deadline, phases
 from edgefleet.converter.onnx_graph import dynamic_inputs
 from edgefleet.converter.passes import openvino as ovp
 from edgefleet.converter.passes import precision as prec
@@ -43,7 +43,6 @@ from edgefleet.core.profiles import Profile, Target
 
 RETRY_CALIBRATIONS: tuple[prec.CalibrationName, ...] = ("percentile", "entropy")
 QUANT_RETRY_KINDS = ("ort-int8-static", "ov-nncf")
-TIMING_RESERVE_S = 10.0  # kept from --time-budget for the timing rounds and the bundle
 
 
 @dataclass(frozen=True)
@@ -84,14 +83,17 @@ def build_all(
         if _spent(ws) and recipe.precision != "fp32":
             stage.out.notes.append(f"{target_label(target)}: {recipe.precision} not tried: the time budget is spent")
             continue
-        stage.precision(recipe, prepared)
+        # A build in progress stops at the deadline (converter.deadline), the timing reserve kept; FP32 always runs.
+        stop = None if recipe.precision == "fp32" else ws.build_deadline
+        with deadline.until(stop, ws.budget_s or 0.0):
+            stage.precision(recipe, prepared)
     phases.step("build", len(recipes), len(recipes), "done")
     return stage.out
 
 
 def _spent(ws: Workspace, need_s: float = 0.0) -> bool:
     """Whether --time-budget leaves less than `need_s` for another build, the timing reserve kept aside."""
-    return ws.spent(need_s, TIMING_RESERVE_S)
+    return ws.spent(need_s)
 
 
 @dataclass
@@ -125,7 +127,7 @@ class _Stage:
             if _spent(self.ws, took):
                 self.out.notes.append(
                     f"{built.spec.name}: no further retries: the time budget is spent (a retry takes about "
-                    f"{took:.0f} s, and the timing needs {TIMING_RESERVE_S:.0f} s)"
+                    f"{took:.0f} s, and the timing needs {self.ws.reserve_s:.0f} s)"
                 )
                 return
             # Each retry keeps at least as much in float as the one before: the latest is the tightest bound.

@@ -157,6 +157,9 @@ def _openvino_converts(model: onnx.ModelProto) -> bool:
     return True
 
 
+TIMING_RESERVE_S = 10.0  # kept from --time-budget for the timing rounds and the bundle
+
+
 @dataclass
 class Memo:
     """What one conversion prepared and built, by key, so its profiles share the work."""
@@ -172,13 +175,22 @@ class Memo:
 class Workspace:
     work: Path
     cache: BuildCache | None = None
-    deadline: float | None = None  # time.monotonic() after which the search builds no more retries
+    deadline: float | None = None  # time.monotonic() by which this profile's search should be done (--time-budget)
+    budget_s: float | None = None  # --time-budget, for what the report and the stopped builds say
     progress: Progress = quiet
     memo: Memo = field(default_factory=Memo)
+    reserve_s: float = TIMING_RESERVE_S  # kept from the deadline for the timing rounds and the bundle
+
+    @property
+    def build_deadline(self) -> float | None:
+        """When builds must stop (converter.deadline), the timing reserve kept."""
+        return None if self.deadline is None else self.deadline - self.reserve_s
 
     def out_of_time(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
+        """Whether builds are past their deadline."""
+        return self.spent()
 
-    def spent(self, need_s: float = 0.0, reserve_s: float = 0.0) -> bool:
-        """Whether the deadline leaves less than `need_s` for another build, with `reserve_s` kept aside."""
-        return self.deadline is not None and time.monotonic() + need_s + reserve_s > self.deadline
+    def spent(self, need_s: float = 0.0) -> bool:
+        """Whether the build deadline leaves less than `need_s` for another build."""
+        stop = self.build_deadline
+        return stop is not None and time.monotonic() + need_s > stop

@@ -25,6 +25,27 @@ from edgefleet.converter.timing.pruning import timing_losers
 from edgefleet.core.errors import ConversionError
 
 TIMING_ROUND_S = 0.4  # per candidate and round: 7 interleaved rounds of about this long
+TIMING_ROUNDS = 7
+FINISH_S = 2.0  # kept from the deadline for writing and signing the bundle
+MIN_RUNS = 5  # timed runs per block, however slow the model
+MIN_RUNS_UNDER_BUDGET = 2  # ... when --time-budget leaves too little for that
+
+
+def _time_scale(ws: Workspace, candidates: int, ms: float) -> float:
+    """Under --time-budget, the share of the usual timing that fits in what is left: the interleaved rounds, then a
+    head to head of up to three, each block at least MIN_RUNS runs of about `ms` (the slowest candidate's
+    evaluation median) and one untimed run. Blocks get shorter, down to a quarter and MIN_RUNS_UNDER_BUDGET runs;
+    the rounds stay as many. 1.0 without a budget."""
+    if ws.deadline is None:
+        return 1.0
+    left = ws.deadline - time.monotonic() - FINISH_S
+    block = max(TIMING_ROUND_S, (MIN_RUNS + 1) * ms / 1000.0)
+    usual = TIMING_ROUNDS * block * candidates + h2h.ROUNDS * block * min(candidates, 3)
+    return max(0.25, min(1.0, left / usual))
+
+
+def _min_runs(scale: float) -> int:
+    return MIN_RUNS if scale >= 1.0 else max(MIN_RUNS_UNDER_BUDGET, round(MIN_RUNS * scale))
 
 
 @dataclass
@@ -71,11 +92,16 @@ def time_candidates(
         result.stopped.update(found)
         return {k: found[k.rsplit("@", 1)[0]] for k in times if k.rsplit("@", 1)[0] in found}
 
+    slowest = max((_evaluation_ms(a) for a in attempts if a.built.spec.name in {n for n, _ in runners}), default=0.0)
+    scale = _time_scale(ws, len({n for n, _ in runners}), slowest)
     with phases.phase("timing"):
         timed = interleaved_latency(
             {f"{n}@{t}": run for (n, t), run in runners.items()},
             request.evaluation,
-            round_s=TIMING_ROUND_S,
+            rounds=TIMING_ROUNDS,
+            round_s=TIMING_ROUND_S * scale,
+            min_runs=_min_runs(scale),
+            warmup=max(2, round(10 * scale)),
             prune=losers if prune else None,
             on_round=lambda done, total: phases.step("timing", done, total, f"{len(runners)} candidates"),
             runtimes={f"{n}@{t}": runtime_of[n] for n, t in runners},
@@ -85,6 +111,11 @@ def time_candidates(
     result.latencies = {name: stats[first] for name, stats in result.by_threads.items() if first in stats}
     result.runners = {name: run for (name, count), run in runners.items() if count == first}
     return result
+
+
+def _evaluation_ms(attempt: Attempt) -> float:
+    """The median of a candidate's evaluation runs (0 when it came from the cache unevaluated)."""
+    return statistics.median(attempt.built.eval_ms) if attempt.built.eval_ms else 0.0
 
 
 @dataclass
@@ -136,10 +167,14 @@ def _head_to_head(
     threads = timing.threads[0]
     ws.progress(f"{profile}: head to head: {', '.join(finalists)} at {threads} threads")
     started = time.monotonic()
+    scale = _time_scale(ws, len(finalists), max((c.latency_ms or 0.0) for c in finalists.values()))
     with phases.phase("timing"):
         every, per_round, runs = h2h.time_finalists(
             {n: timing.runners[n] for n in finalists},
             request.evaluation,
+            round_s=h2h.ROUND_S * scale,
+            phase_s=h2h.PHASE_S * scale,
+            min_runs=_min_runs(scale),
             on_round=lambda done, total: phases.step("timing", done, total, f"head to head of {len(finalists)}"),
             runtimes={n: c.runtime for n, c in finalists.items()},
         )

@@ -182,6 +182,7 @@ def time_finalists(
     round_s: float = ROUND_S,
     on_round: Callable[[int, int], None] | None = None,
     runtimes: Mapping[str, str] | None = None,
+    min_runs: int = 5,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
     """Interleaved rounds (`rounds`, then more up to `max_rounds` while under `phase_s`), rotated, each block after
     the other threads went quiet (where the runtime changes, given `runtimes`) and `warmup` untimed runs.
@@ -195,7 +196,7 @@ def time_finalists(
         for feeds in samples[:3]:
             runners[name](feeds)
         took = (time.perf_counter() - start) * 1000.0 / 3
-        runs[name] = max(5, min(30, math.ceil(round_s * 1000.0 / max(took, 1e-3))))
+        runs[name] = max(min_runs, min(30, math.ceil(round_s * 1000.0 / max(took, 1e-3))))
     every: dict[str, list[float]] = {name: [] for name in names}
     per_round: dict[str, list[float]] = {name: [] for name in names}
     started, index, previous = time.monotonic(), 0, None

@@ -35,10 +35,11 @@ def interleaved_latency(
     prune: Callable[[dict[str, list[float]]], Mapping[str, str]] | None = None,
     on_round: Callable[[int, int], None] | None = None,
     runtimes: Mapping[str, str] | None = None,
+    min_runs: int = 5,
 ) -> dict[str, LatencyStats]:
     """Median per-inference latency of each runner, measured in interleaved rounds on the same samples.
 
-    `round_s`: size each round to about that many seconds per runner (5 to `runs_per_round` runs, from the
+    `round_s`: size each round to about that many seconds per runner (`min_runs` to `runs_per_round` runs, from the
     slowest runner's warm-up), so a slow model costs rounds × round_s, not rounds × 30 runs. `prune`: after each
     round, gets every runner's times so far and names the runners to stop timing (with why); they keep the
     figures of the rounds they ran. `runtimes` (runner → runtime): wait for the previous runner's threads only
@@ -53,7 +54,7 @@ def interleaved_latency(
             warm.append((time.perf_counter() - start) * 1000.0)
     if round_s is not None and warm:
         slowest = max(statistics.median(warm[i : i + warmup]) for i in range(0, len(warm), max(1, warmup)))
-        runs_per_round = max(5, min(runs_per_round, math.ceil(round_s * 1000.0 / max(slowest, 1e-3))))
+        runs_per_round = max(min_runs, min(runs_per_round, math.ceil(round_s * 1000.0 / max(slowest, 1e-3))))
     samples = samples[:runs_per_round]
     times: dict[str, list[float]] = {name: [] for name in runners}
     active = list(runners)

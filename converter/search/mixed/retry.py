@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import onnx
 
-from edgefleet.converter import phases
+from edgefleet.converter import deadline, phases
 from edgefleet.converter.passes import precision as prec
 from edgefleet.converter.passes.heads import PLUMBING
 from edgefleet.converter.passes.nncf_accuracy import MixedNNCFConfig
@@ -173,6 +173,9 @@ def _rank_local(
     try:
         with phases.phase("layer-report"):  # a ranking, not a gate: a few samples order the layers
             local = local_report(prepared.model, qdq, request.calib, samples=RANK_SAMPLES)[:MAX_RANKED]
+    except deadline.TimeBudgetSpent as err:
+        notes.append(f"per-layer ranking {err}")
+        return []
     except ConversionError as err:
         notes.append(f"local per-layer report unavailable ({err}): ranked by accumulated error instead")
         return _rank_accumulated(request, prepared, qdq, notes, reports)

@@ -16,6 +16,8 @@ from edgefleet.core.trust.signing import SigningKey
 if TYPE_CHECKING:
     from edgefleet.converter import ProfileResult
 
+DEFAULT_TIME_BUDGET_S = 60.0  # --time-budget when none is given (0: no limit)
+
 # The language-model defaults, for the help only (the converter applies its own, converter/generative/bars.py; the
 # CLI imports no converter module until it converts: tests/unit/converter/generative/test_generative_cli.py keeps
 # the two equal).
@@ -54,8 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--min-score", type=float, default=None, help="absolute bar on the metric (else --max-drop)")
     parser.add_argument(
-        "--time-budget", type=float, default=None, metavar="SECONDS", help="stop retrying recipes after this long"
-    )
+        "--time-budget", type=float, default=DEFAULT_TIME_BUDGET_S, metavar="SECONDS",
+        help=f"the conversion's wall time: builds stop so that it ends within about this (default "
+        f"{DEFAULT_TIME_BUDGET_S:g} s; 0: no limit); FP32 is always built, the report names what was not tried",
+    )  # fmt: skip
     parser.add_argument(
         "--no-prune", dest="prune", action="store_false",
         help="build, score and time every candidate, even those that cannot win (slower; a fuller report)",
@@ -178,7 +182,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         torch_model=args.torch_model,
         metric=args.metric,
         min_score=args.min_score,
-        time_budget_s=args.time_budget,
+        time_budget_s=args.time_budget or None,
         prune=args.prune,
         max_perplexity_ratio=args.max_perplexity_ratio,
         min_next_token_agreement=args.min_next_token_agreement,
