@@ -6,8 +6,9 @@ takes long calls `check()` between samples (ONNX Runtime's calibration reader, N
 accuracy-control validation, the evaluation of a candidate, the per-layer ranking), so a build runs at most one
 sample and one compile past it. What was built before the deadline is timed and chosen from as usual.
 
-FP32 builds run outside any deadline: a conversion always has its float bundle. Like converter.phases, the
-deadline lives in a context variable, so nothing has to be threaded through the libraries' call stacks.
+The float recipes (FP32, BF16, FP16) run outside any deadline: a conversion always has a float bundle. Like
+converter.phases, the deadline lives in a context variable, so nothing has to be threaded through the libraries'
+call stacks.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ names which layers to keep in float when a quantized model misses its budget. Pu
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import tempfile
@@ -249,7 +250,12 @@ def _at_least_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     return convert_opset(model, OpsetConfig(opset)) if 0 < default_opset(model) < opset else model
 
 
-def quantize_int8_static(model: onnx.ModelProto, config: StaticConfig, calibration: Dataset) -> onnx.ModelProto:
+def quantize_int8_static(
+    model: onnx.ModelProto, config: StaticConfig, calibration: Dataset, statistics: Path | None = None
+) -> onnx.ModelProto:
+    """INT8 static QDQ by onnxruntime's quantizer. `statistics`: a directory where the calibration's tensor ranges
+    are kept and shared (onnxruntime's calibration cache, one file per graph, data and calibration settings): the
+    variants that differ only in what they keep in float, or in their activation and weight types, calibrate once."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     _require_default_opset(model, "INT8 static quantization")
@@ -271,6 +277,9 @@ def quantize_int8_static(model: onnx.ModelProto, config: StaticConfig, calibrati
         work = Path(tmp)
         prepared = prepare_for_quantization(model, work)
         out = work / "qdq.onnx"
+        cache = statistics / f"{_statistics_key(prepared, calibration, config, extra)}.json" if statistics else None
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
         try:
             # The calibrators print progress on stdout, which would corrupt `--json` output.
             with contextlib.redirect_stdout(io.StringIO()):
@@ -286,12 +295,27 @@ def quantize_int8_static(model: onnx.ModelProto, config: StaticConfig, calibrati
                     calibrate_method=method,
                     nodes_to_exclude=excluded,
                     extra_options=extra,
+                    calibration_cache_path=cache,
                 )
         except deadline.TimeBudgetSpent:
             raise
         except Exception as err:  # the quantizer raises a mix of ValueError, RuntimeError and ORT errors
             raise ConversionError(f"INT8 static quantization failed: {_first_line(err)}") from err
         return onnx.load(str(out))
+
+
+def _statistics_key(prepared: Path, calibration: Dataset, config: StaticConfig, extra: dict[str, object]) -> str:
+    """What the tensor ranges depend on: the graph as the calibrator sees it, the samples it reads, the method and
+    its settings (never the nodes kept in float, nor the quantized types: those are applied after)."""
+    digest = hashlib.sha256(prepared.read_bytes())
+    count = min(config.max_samples, len(calibration))
+    for index in range(count):
+        for name, value in sorted(calibration.sample(index).items()):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+    calib_options = {k: v for k, v in extra.items() if k.startswith("Calib")}
+    digest.update(repr((config.calibration, count, sorted(calib_options.items()))).encode())
+    return digest.hexdigest()[:32]
 
 
 # --- per-layer loss report (qdq_loss_debug) -----------------------------------------------------------------

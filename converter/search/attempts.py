@@ -10,6 +10,7 @@ nothing it is given.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -80,15 +81,36 @@ def build_all(
     for done, (recipe, prepared) in enumerate(recipes):
         target = recipe.target.target
         phases.step("build", done, len(recipes), f"{target.runtime} {recipe.precision}")
-        if _spent(ws) and recipe.precision != "fp32":
+        if _spent(ws) and recipe.precision not in FLOAT_PRECISIONS:
             stage.out.notes.append(f"{target_label(target)}: {recipe.precision} not tried: the time budget is spent")
             continue
-        # A build in progress stops at the deadline (converter.deadline), the timing reserve kept; FP32 always runs.
-        stop = None if recipe.precision == "fp32" else ws.build_deadline
+        # A build in progress stops at the deadline (converter.deadline), the timing reserve kept; the float recipes
+        # (one export and one evaluation each, no calibration) always run: a conversion has FP32, and BF16 or FP16
+        # where the target lists them.
+        stop = None if recipe.precision in FLOAT_PRECISIONS else ws.build_deadline
         with deadline.until(stop, ws.budget_s or 0.0):
             stage.precision(recipe, prepared)
+        if ws.deadline is not None:  # a slow model needs more of the budget for its timing and golden set
+            ws.reserve_s = max(ws.reserve_s, _reserve_for(request, stage.out.attempts))
     phases.step("build", len(recipes), len(recipes), "done")
     return stage.out
+
+
+FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")  # built whatever the time budget says
+RESERVE_RUNS = 100  # inferences the timing takes after the builds (the finalists' rounds at the fewest runs)
+RESERVE_FIXED_S = 3.0  # ... and the bundle: signing, the manifest
+GOLDEN_BYTES_PER_S = 30e6  # ... and its golden set: inputs, reference and expected outputs, deflated
+
+
+def _reserve_for(request: SearchRequest, attempts: Sequence[Attempt]) -> float:
+    """What the timing and the bundle will need after the builds: RESERVE_RUNS of the fastest candidate inside the
+    budget (its evaluation median: the slower ones drop out of the timing after a round), the golden set's
+    compression (u2netp's is 170 MB of float maps), and RESERVE_FIXED_S."""
+    medians = [statistics.median(a.built.eval_ms) for a in attempts if a.built.passed and a.built.eval_ms]
+    golden = sum(v.nbytes for v in request.evaluation.inputs.values()) + 2 * sum(
+        v.nbytes for v in request.reference.values()
+    )
+    return RESERVE_RUNS * min(medians, default=0.0) / 1000.0 + golden / GOLDEN_BYTES_PER_S + RESERVE_FIXED_S
 
 
 def _spent(ws: Workspace, need_s: float = 0.0) -> bool:

@@ -216,7 +216,7 @@ def _make(
         built.passes.append(PassRecord(name="int8-dynamic", params=params))
     else:
         assert isinstance(spec.config, prec.StaticConfig)
-        out = prec.quantize_int8_static(model, spec.config, request.calib)
+        out = prec.quantize_int8_static(model, spec.config, request.calib, ws.statistics)
         built.qdq_model = out
         built.passes.append(
             PassRecord(name="int8-static-qdq", params=params | {"calibration_samples": len(request.calib)})

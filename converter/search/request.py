@@ -182,6 +182,11 @@ class Workspace:
     reserve_s: float = TIMING_RESERVE_S  # kept from the deadline for the timing rounds and the bundle
 
     @property
+    def statistics(self) -> Path:
+        """Where the quantizers' calibration statistics are kept for this conversion, shared by its candidates."""
+        return self.work / "calibration"
+
+    @property
     def build_deadline(self) -> float | None:
         """When builds must stop (converter.deadline), the timing reserve kept."""
         return None if self.deadline is None else self.deadline - self.reserve_s

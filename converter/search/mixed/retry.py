@@ -157,7 +157,9 @@ def ranked_layers(
     if key not in ws.memo.ranked:
         assert prepared.model is not None
         try:
-            qdq = first.qdq_model or prec.quantize_int8_static(prepared.model, first.spec.config, request.calib)  # type: ignore[arg-type]
+            config = first.spec.config
+            assert isinstance(config, prec.StaticConfig)
+            qdq = first.qdq_model or prec.quantize_int8_static(prepared.model, config, request.calib, ws.statistics)
         except ConversionError as err:
             notes.append(f"per-layer report unavailable: {err}")
             ws.memo.ranked[key] = []
