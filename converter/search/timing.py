@@ -29,6 +29,7 @@ TIMING_ROUNDS = 7
 FINISH_S = 2.0  # kept from the deadline for writing and signing the bundle
 MIN_RUNS = 5  # timed runs per block, however slow the model
 MIN_RUNS_UNDER_BUDGET = 2  # ... when --time-budget leaves too little for that
+CLEAR_GAP = 1.5  # under --time-budget, a finalist this much slower than the best's p90 is not re-timed
 
 
 def _time_scale(ws: Workspace, candidates: int, ms: float) -> float:
@@ -143,6 +144,13 @@ def final_round(request: SearchRequest, ws: Workspace, profile: str, choice: Cho
     names = h2h.finalists(
         {n: c.latency_ms or 0.0 for n, c in eligible.items()}, {n: c.runtime for n, c in eligible.items()}
     )
+    if ws.deadline is not None and names:  # under --time-budget, a runtime's leader far behind is not re-timed
+        best = timing.latencies[names[0]]
+        far = [n for n in names[1:] if timing.latencies[n].median_ms > CLEAR_GAP * best.p90_ms]
+        out.notes += [f"{n}: not re-timed head to head under the time budget: its median is over {CLEAR_GAP}x the "
+                      f"p90 of {names[0]} ({timing.latencies[n].median_ms:.3g} ms against {best.p90_ms:.3g} ms)"
+                      for n in far]  # fmt: skip
+        names = [n for n in names if n not in far]
     if len(names) >= 2:
         _head_to_head(request, ws, profile, out, {n: eligible[n] for n in names}, timing)
     out.pruned = {n: f"pruned: timing stopped early: {why}" for n, why in timing.stopped.items() if n not in names}
