@@ -65,8 +65,10 @@ BENCHES = [
           "tokens, size of the folder the runtime loads, % of the read-bandwidth limit; the goals with verdicts."),
     Bench("transfer", "Bundle transfer against a raw publish of the same bytes",
           "python bench/record.py transfer -- python bench/transfer.py --mb 16 --rounds 5 --kill-trials 5 "
-          "--cap-seconds 15 --fleet 50 --json bench/results/transfer.json",
-          "One Mosquitto on loopback; the device in its own process; raw and edgefleet rounds interleaved."),
+          "--cap-seconds 15 --fleet 50 --links 20:50,200:5 --json bench/results/transfer.json",
+          "One Mosquitto on loopback; the device in its own process; raw and edgefleet rounds interleaved. `shaped`: "
+          "the device in its own network namespace behind bench/transfers/shaper.py (a rate and a one-way delay "
+          "each way), the link's own goodput (raw QoS 1 through the same relay) against the device's fetch."),
     Bench("fleet", "The control plane under simulated agents",
           "python bench/record.py fleet -- python bench/fleet.py --steps 1000 --backends sqlite --instances 1 "
           "--duration 20 --rollout-devices 100 --out bench/results/fleet.json",
@@ -214,6 +216,20 @@ def _transfer(doc: dict[str, Any]) -> str:
     )
 
 
+def _link(doc: dict[str, Any]) -> str:
+    links = doc["shaped"]["links"]
+    ratios = ", ".join(
+        f"{link['ratio_chunked_fetch_vs_link']:.2f}× at {link['mbit']:g} Mbit/s / {link['rtt_ms']:g} ms RTT"
+        for link in links
+    )
+    met = all(link["ratio_chunked_fetch_vs_link"] >= 0.9 for link in links)
+    return (
+        f"the device's chunked fetch through a shaped link reaches {ratios} of the link's own goodput (goal ≥ 0.9, "
+        f"{'met' if met else 'not met'}); the device spends {doc['device_cpu_s_per_100mb_chunked']:.2f} CPU-seconds "
+        f"per 100 MB fetched"
+    )
+
+
 def _resume(doc: dict[str, Any]) -> str:
     resume = doc["resume"]
     return (
@@ -281,6 +297,7 @@ HEADLINES: list[tuple[str, str, Callable[[Any], str]]] = [
     ("converter", "search_cost", _search_cost),
     ("agent", "serve", _serve),
     ("transfer", "transfer", _transfer),
+    ("transfer", "transfer", _link),
     ("transfer", "transfer", _resume),
     ("control plane", "fleet", _fleet),
     ("language models", "generate", _generate),

@@ -8,15 +8,15 @@ in its own (bench/transfers/device.py, as on another machine):
 - raw: the bytes as block-sized QoS 1 messages, a subscriber receiving them all (the broker's bandwidth);
 - overlapped (the end-to-end figure): the offer first, then the blocks
   (tests/support/publishing/offer_first_blocks.py), a device that waits on the offer fetching while they go out
-  (`BlockDownload`: RTT-sized window of block subscriptions, every block's sha256 checked, writes, fsync, the
-  whole-file sha256);
+  (`BlockDownload`: RTT-sized window of block subscriptions, every block's sha256 checked, writes, fsync);
 - sequential: `publish_bundle` (offer last), then the same download;
 - chunked offer first: tests/support/publishing/offer_first_chunks.py (the layout planned in memory, the signed
   offer published live, then the chunks, then the retained offer), a device waiting on the offer fetching while
   the chunks go out;
 - chunked (the default layout since chunks): `publish_bundle` with content-addressed chunks (cut, zstd tried on
   every chunk, a bundle too big for an inline list on index pages), offer last, then the agent's `ChunkDownload`
-  (every chunk's sha256, writes, fsync, the whole-file sha256); end to end and the device's fetch alone;
+  (every chunk's sha256, writes, fsync); end to end and the device's fetch alone, and the device process's
+  CPU-seconds per 100 MB fetched (all its threads, user + system: a Raspberry Pi has a fraction of this CPU);
 - cap: a download under `--cap` bytes/s for about `--cap-seconds`: achieved bytes/s by the pacer's own counters;
 - fleet: one `--fleet-mb` bundle to `--fleet` fetchers in this process (each its own MQTT connection and
   downloader), against the raw fan-out of the same bytes to the same connections;
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the test helpers start Mosquitto and build padded bundles
 sys.path.insert(0, str(REPO / "bench"))
 
-from transfers.flow import DeviceProcess, bundle_remote, cap_trial, fleet_trial, raw_remote  # noqa: E402
+from transfers.flow import WINDOW, DeviceProcess, bundle_remote, cap_trial, fleet_trial, raw_remote  # noqa: E402
 
 from edgefleet.control.credentials.keyring import init as init_keys  # noqa: E402
 from edgefleet.core.mqtt.connection import Connection  # noqa: E402
@@ -114,6 +114,16 @@ def main() -> int:
     parser.add_argument("--cap-seconds", type=float, default=30.0, help="how long the capped download runs")
     parser.add_argument("--fleet", type=int, default=100, help="in-process fetchers for the fleet trial (0: skip)")
     parser.add_argument("--fleet-mb", type=float, default=10.0, help="bundle size for the fleet trial")
+    parser.add_argument(
+        "--links", default="", help="shaped links MBIT:RTT_MS,... (bench/transfers/shaped.py; e.g. 20:50,200:5)"
+    )
+    parser.add_argument("--link-mb", type=float, default=8.0, help="bundle size on the shaped links")
+    parser.add_argument("--link-rounds", type=int, default=3)
+    parser.add_argument("--skip-loopback", action="store_true", help="only the shaped links (and what else is asked)")
+    parser.add_argument(
+        "--baseline-python", default=None,
+        help="also fetch with a device on this interpreter (another checkout's .venv: its agent code), interleaved",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
         "--delta", action="store_true", help="deltas between versions on real models (bench/transfers/delta.py)"
@@ -145,10 +155,27 @@ def main() -> int:
             return padded_bundle(source, work, key, trusted, version=version, pad_bytes=int(mb * 2**20), seed=seed)
 
         host = Connection(broker.url, "bench-host").start()
+        shaped = None
+        if args.links:
+            from transfers.shaped import parse_links, shaped_trials
+
+            shaped = shaped_trials(
+                host, broker.port, bundle_of, block, parse_links(args.links), args.link_mb, args.link_rounds, WINDOW
+            )
+            if args.skip_loopback:
+                host.stop()
+                return _shaped_only(shaped, args.json)
         remote = DeviceProcess(broker.url)
+        baseline = DeviceProcess(broker.url, python=args.baseline_python) if args.baseline_python else None
+        base_chunk: list[float] = []
+        base_block: list[float] = []
+        base_chunk_cpu: list[float] = []
+        base_block_cpu: list[float] = []
         raw, publish, sequential, overlapped, size = [], [], [], [], 0
         chunk_publish, chunked, chunked_early = [], [], []
-        for i in range(args.rounds):
+        block_cpu: list[float] = []  # the device process's CPU seconds for each fetch (publish-then-fetch rounds)
+        chunk_cpu: list[float] = []
+        for i in range(0 if args.skip_loopback else args.rounds):
             # Fresh bundles every round (and fresh random bytes for the chunked one): no fetch may find the blocks
             # or chunks retained by an earlier one.
             first, second = bundle_of(f"{100 + 2 * i}", args.mb, seed=i), bundle_of(f"{101 + 2 * i}", args.mb, seed=i)
@@ -157,17 +184,28 @@ def main() -> int:
             data = first.read_bytes()
             size = len(data)
             raw.append(raw_remote(host, remote, data, block, str(i)))
-            pub, total = bundle_remote(host, remote, first, block, offer_first=False)
+            pub, total = bundle_remote(host, remote, first, block, offer_first=False, cpu=block_cpu)
             publish.append(pub)
             sequential.append(total)
             overlapped.append(bundle_remote(host, remote, second, block, offer_first=True)[1])
-            pub, total = bundle_remote(host, remote, third, block, offer_first=False, chunks=True)
+            pub, total = bundle_remote(host, remote, third, block, offer_first=False, chunks=True, cpu=chunk_cpu)
             chunk_publish.append(pub)
             chunked.append(total)
             chunked_early.append(bundle_remote(host, remote, fourth, block, offer_first=True, chunks=True)[1])
             for path in (first, second, third, fourth):
                 path.unlink()
+            if baseline is not None:  # the same fetches by the baseline's agent code, fresh bundles of the same size
+                b_chunk, b_block = bundle_of(f"{800 + i}", args.mb, seed=3000 + i), bundle_of(f"{850 + i}", args.mb)
+                pub, total = bundle_remote(host, baseline, b_chunk, block, offer_first=False, chunks=True,
+                                           cpu=base_chunk_cpu)  # fmt: skip
+                base_chunk.append(total - pub)
+                pub, total = bundle_remote(host, baseline, b_block, block, offer_first=False, cpu=base_block_cpu)
+                base_block.append(total - pub)
+                b_chunk.unlink()
+                b_block.unlink()
         remote.close()
+        if baseline is not None:
+            baseline.close()
         device = Connection(broker.url, "bench-device").start()
         cap = None
         if args.cap:
@@ -191,6 +229,21 @@ def main() -> int:
     chunked_mbps = size_mb / med(chunked)
     early_mbps = size_mb / med(chunked_early)
     chunk_fetch_mbps = size_mb / med([total - pub for pub, total in zip(chunk_publish, chunked, strict=True)])
+    cpu_blocks = round(med(block_cpu) * 100 / size_mb, 3)  # the device's CPU-seconds per 100 MB fetched
+    cpu_chunks = round(med(chunk_cpu) * 100 / size_mb, 3)
+    base_report = (
+        None
+        if baseline is None
+        else {
+            "python": args.baseline_python,
+            "chunked_device_fetch_mb_s": round(size_mb / med(base_chunk), 1),
+            "ratio_chunked_fetch_vs_raw": round(size_mb / med(base_chunk) / raw_mbps, 3),
+            "device_fetch_mb_s": round(size_mb / med(base_block), 1),
+            "ratio_fetch_vs_raw": round(size_mb / med(base_block) / raw_mbps, 3),
+            "device_cpu_s_per_100mb_chunked": round(med(base_chunk_cpu) * 100 / size_mb, 3),
+            "device_cpu_s_per_100mb_blocks": round(med(base_block_cpu) * 100 / size_mb, 3),
+        }
+    )
     per_round = [
         {
             "raw_s": round(r, 3),
@@ -222,7 +275,9 @@ def main() -> int:
         "ratio_chunked_offer_first_vs_raw_per_round_median": round(
             med(r["ratio_chunked_offer_first"] for r in per_round), 3
         ),
-        "rounds_detail": per_round, "cap": cap, "fleet": fleet, "resume": resume,
+        "device_cpu_s_per_100mb_blocks": cpu_blocks, "device_cpu_s_per_100mb_chunked": cpu_chunks,
+        "baseline": base_report,
+        "rounds_detail": per_round, "cap": cap, "fleet": fleet, "resume": resume, "shaped": shaped,
     }  # fmt: skip
     print(f"{'what (medians over rounds, interleaved)':52} {'figure':>14}")
     print(f"{'raw broker throughput, same bytes, QoS 1':52} {raw_mbps:>9.1f} MB/s")
@@ -236,6 +291,8 @@ def main() -> int:
     print(f"{'  ratio to raw (goal >= 0.70)':52} {chunked_mbps / raw_mbps:>14.2f}")
     print(f"{'chunks, device fetch + verify only':52} {chunk_fetch_mbps:>9.1f} MB/s")
     print(f"{'  ratio to raw':52} {chunk_fetch_mbps / raw_mbps:>14.2f}")
+    print(f"{'device CPU-seconds per 100 MB fetched, blocks':52} {cpu_blocks:>12.2f} s")
+    print(f"{'device CPU-seconds per 100 MB fetched, chunks':52} {cpu_chunks:>12.2f} s")
     print(f"{'chunks, end to end, live offer first (publish || fetch)':52} {early_mbps:>9.1f} MB/s")
     print(f"{'  ratio to raw (goal >= 0.70)':52} {early_mbps / raw_mbps:>14.2f}")
     if cap:
@@ -256,9 +313,32 @@ def main() -> int:
         )
         lost = resume["devices_without_working_model"]
         print(f"{'kill -9 trials without a working model':52} {lost:>14} of {resume['trials']}")
+    if base_report:
+        base = base_report
+        print(f"baseline device ({args.baseline_python}), same rounds:")
+        print(f"{'  chunks, device fetch + verify only':52} {base['chunked_device_fetch_mb_s']:>9.1f} MB/s")
+        print(f"{'    ratio to raw':52} {base['ratio_chunked_fetch_vs_raw']:>14.2f}")
+        print(f"{'  blocks, device fetch + verify only':52} {base['device_fetch_mb_s']:>9.1f} MB/s")
+        print(f"{'    ratio to raw':52} {base['ratio_fetch_vs_raw']:>14.2f}")
+        cpu = f"{base['device_cpu_s_per_100mb_chunked']:.2f} / {base['device_cpu_s_per_100mb_blocks']:.2f} s"
+        print(f"{'  device CPU-seconds per 100 MB, chunks / blocks':52} {cpu:>14}")
+    if shaped:
+        from transfers.shaped import print_shaped
+
+        print_shaped(shaped)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
+    return 0
+
+
+def _shaped_only(shaped: dict, out: Path | None) -> int:
+    from transfers.shaped import print_shaped
+
+    print_shaped(shaped)
+    if out:
+        out.write_text(json.dumps({"shaped": shaped}, indent=2))
+    print(json.dumps({"shaped": shaped}))
     return 0
 
 

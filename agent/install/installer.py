@@ -206,13 +206,14 @@ def download(ctx: InstallContext, offer: BundleOffer, notify: Notify) -> Path:
     else:
         notify("download-started", f"{offer.transfer.size} bytes in {pieces}", 0.0)
     path = fetch.run()
-    notify("downloaded", f"{fetch.summary()}, sha256 ok", 1.0)
+    notify("downloaded", f"{fetch.summary()}, every piece's sha256 ok", 1.0)
     return path
 
 
 def stage(ctx: InstallContext, offer: BundleOffer, bundle_file: Path) -> tuple[Path, Manifest]:
-    """Unpack into `<id>.staging` (only after the whole file matched its signed sha256), keeping the signed offer
-    and its signer's key beside the files. A full disk is transient: TransferError, retried later."""
+    """Unpack into `<id>.staging` (only once every piece matched its signed sha256; the unpack checks the exact
+    signed manifest and every file's pin, which agent/transfer/blocks.py says stands for a whole-file hash), keeping
+    the signed offer and its signer's key beside the files. A full disk is transient: TransferError, retried later."""
     staging = ctx.store.staging_dir(offer.bundle_id)
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -314,8 +315,8 @@ __all__ = [
 
 def fetch_candidate(ctx: InstallContext, bundle_id: str, folder: Path) -> tuple[Path, Manifest]:
     """A benchmark-only candidate (agent/runtime/benchmark.py), fetched and verified like any bundle (one signature over
-    manifest and layout, signed block hashes, the tar opened only after the whole file matched) into `folder`,
-    outside the store: it is measured and deleted, never installed."""
+    manifest and layout, signed piece hashes, the tar opened only once every piece matched, unpacked against the
+    signed manifest) into `folder`, outside the store: it is measured and deleted, never installed."""
     offer = fetch_offer(ctx, bundle_id)
     try:
         ctx.trust.consider(offer.keyset)

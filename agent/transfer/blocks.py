@@ -6,6 +6,18 @@ against its sha256 from the signed offer, so neither a `kill -9` nor a power cut
 block in. That is what lets the hot path skip a per-block fsync (both files are fsync'd every
 second and at the end). The agent subscribes to a window of missing block topics at a time, which
 bounds what is in flight and in memory.
+
+Each byte is hashed once on the device: every piece against its sha256 in the signed offer, before it
+is written. There is no second, whole-file pass: the piece list and the whole-file sha256 are signed
+together in the one offer, so whoever could make a wrong file pass every piece could sign a wrong
+whole-file sha256 too. What that pass still caught is the device's own assembly (a piece at the wrong
+place, a short write, a piece never written) and a layout its publisher signed that does not add up to
+the file the manifest describes. The first is checked by construction here (offsets from the signed
+sizes, every pwrite to its full length, every record byte set before the file is handed on); the
+second is refused before anything is installed, when the tar is unpacked against the signed manifest
+(core/bundle/archive.py `unpack_pinned`: the exact manifest bytes, every member pinned, each file's
+size and sha256); the publisher derives the piece list and the whole-file sha256 from the same bytes
+(control/publish/publisher.py, control/publish/chunks.py), so only a publisher bug makes them disagree.
 """
 
 from __future__ import annotations
@@ -16,11 +28,11 @@ import logging
 import os
 import queue
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from edgefleet.agent.transfer.digest import OrderedDigest
 from edgefleet.agent.transfer.link import LinkPacer, Pacing
 from edgefleet.core.errors import EdgefleetError
 from edgefleet.core.messages import BundleOffer
@@ -144,15 +156,11 @@ class BlockDownload:
         """The unit's bytes if the payload is the signed unit, else None (runs on the network thread)."""
         return payload if self._block_ok(unit, payload) else None
 
-    def _take(
-        self, unit: int, data: bytes, part: BinaryIO, rec: BinaryIO, record: bytearray, digest: OrderedDigest
-    ) -> None:
+    def _take(self, unit: int, data: bytes, part: BinaryIO, rec: BinaryIO, record: bytearray) -> int:
+        """Write a checked unit where the file holds it, then its record byte. How many pieces it filled."""
         self._write_block(part, rec, unit, data)
         record[unit] = 1
-        digest.add(unit, data)  # the whole-file sha256 as the pieces arrive, not a second pass
-
-    def _read_piece(self, part: BinaryIO, index: int) -> bytes:
-        return self._read_block(part, index)
+        return 1
 
     # --- fetching
     def _on_block(self, topic: str, payload: bytes, retained: bool) -> None:
@@ -164,17 +172,15 @@ class BlockDownload:
     def run(self) -> Path:
         record = self._open_record()
         total = len(record)  # pieces of the file (blocks or chunks), one record byte each
-        missing = self._units(record)
-        self.progress(sum(record), total)
+        held = sum(record)
+        missing = deque(self._units(record))
+        self.progress(held, total)
         requested: dict[int, str] = {}
         strikes: dict[int, int] = {}  # corrupt deliveries per unit
         stalls = 0
-        digest: OrderedDigest | None = None
         finished: list[str] = []  # topics of blocks held, to unsubscribe in one packet
         try:
             with self.part_path.open("r+b") as part, self.record_path.open("r+b") as rec:
-                before = bytes(record)  # held from an earlier run: the digest reads those from disk
-                digest = OrderedDigest(total, lambda i: bool(before[i]), lambda i: self._read_piece(part, i))
                 last_sync = time.monotonic()
                 while missing or requested:
                     fresh = []
@@ -183,7 +189,7 @@ class BlockDownload:
                         room = 0  # wait for a batch's worth of room: one SUBSCRIBE packet per batch
                     while missing and room > 0:
                         room -= 1
-                        index = missing.pop(0)
+                        index = missing.popleft()
                         self.pacing.before_request(index, self._unit_len(index))
                         requested[index] = self._unit_topic(index)
                         fresh.append(requested[index])
@@ -195,7 +201,7 @@ class BlockDownload:
                         if stalls > self.max_stalls:
                             raise TransferError(
                                 f"download stalled: nothing for {self.stall_timeout_s * stalls:.0f} s "
-                                f"({sum(record)}/{total} {self.unit_name} held)"
+                                f"({held}/{total} {self.unit_name} held)"
                             ) from None
                         self._resubscribe(requested)
                         continue
@@ -215,11 +221,11 @@ class BlockDownload:
                         log.warning("%s %d of %s is corrupt; requesting it again", what, index, self.offer.bundle_id)
                         self.conn.unsubscribe(requested.pop(index))
                         self.pacing.on_retry(index)
-                        missing.insert(0, index)
+                        missing.appendleft(index)
                         time.sleep(0.2)
                         continue
                     self.pacing.on_arrival(index, len(payload))
-                    self._take(index, data, part, rec, record, digest)
+                    held += self._take(index, data, part, rec, record)
                     finished.append(requested.pop(index))
                     if len(finished) >= max(UNSUBSCRIBE_BATCH, self.pacing.window() // REFILL_SHARE):
                         self.conn.unsubscribe_many(finished)  # one UNSUBSCRIBE packet (a duplicate is ignored)
@@ -227,16 +233,13 @@ class BlockDownload:
                     if time.monotonic() - last_sync >= SYNC_EVERY_S:
                         _sync(part, rec)
                         last_sync = time.monotonic()
-                    self.progress(sum(record), total)
+                    self.progress(held, total)
                 _sync(part, rec)
-                whole = digest.finish()
         except OSError as err:
             raise TransferError(f"cannot write the download: {err}") from err
         finally:
-            if digest is not None:
-                digest.close()
             self.conn.unsubscribe_many([*requested.values(), *finished])
-        return self._finish(whole)
+        return self._finish(record)
 
     def _resubscribe(self, requested: dict[int, str]) -> None:
         for topic in requested.values():
@@ -253,20 +256,29 @@ class BlockDownload:
         )
 
     def _write_block(self, part: BinaryIO, rec: BinaryIO, index: int, payload: bytes) -> None:
-        """Data first, then its record byte (no fsync: see the module docstring)."""
-        os.pwrite(part.fileno(), payload, index * self.transfer.block_size)
+        """Data first (to its full length), then its record byte (no fsync: see the module docstring)."""
+        _pwrite_all(part.fileno(), payload, index * self.transfer.block_size)
         os.pwrite(rec.fileno(), b"\x01", index)
 
-    def _read_block(self, part: BinaryIO, index: int) -> bytes:
-        return os.pread(part.fileno(), self._block_len(index), index * self.transfer.block_size)
-
-    def _finish(self, whole_sha256: str) -> Path:
-        if whole_sha256 != self.transfer.sha256:
+    def _finish(self, record: bytearray) -> Path:
+        """The file is whole: every piece was checked against the signed offer and written to its full length
+        at its signed offset (the module docstring says why no second, whole-file hash is needed)."""
+        if not all(record) or self.part_path.stat().st_size != self.transfer.size:
             self.cleanup()
-            raise TransferError("the assembled bundle's sha256 does not match the offer; download discarded")
+            raise TransferError("the assembled bundle lacks pieces of the offer; download discarded")
         return self.part_path
 
 
 def _sync(*handles: BinaryIO) -> None:
     for handle in handles:
         os.fsync(handle.fileno())
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """All of `data` at `offset` (os.pwrite may write less than asked: a full disk, a signal)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(f"wrote nothing at offset {offset}")
+        view, offset = view[written:], offset + written

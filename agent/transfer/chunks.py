@@ -5,7 +5,9 @@ one byte per chunk of the offer, both checked on resume. Before anything is fetc
 (agent/transfer/chunk_index.py) finds in an installed bundle is read, checked against its signed sha256 and written in
 place; then each distinct missing chunk is fetched once from its retained `chunks/{sha256}` topic, decoded within its
 signed sizes, checked, and written wherever the file holds it. A kill -9 loses at most the chunks in flight, never one
-whose record byte is written; the whole file is checked against the signed sha256 before the tar is opened, as always.
+whose record byte is written. Every chunk is
+hashed once, against its signed name, before it is written; there is no second, whole-file pass
+(agent/transfer/blocks.py says why, and what checks the assembled file instead).
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from edgefleet.agent.transfer.blocks import BlockDownload
+from edgefleet.agent.transfer.blocks import BlockDownload, _pwrite_all
 from edgefleet.agent.transfer.chunk_index import ChunkIndex
-from edgefleet.agent.transfer.digest import OrderedDigest
 from edgefleet.core.messages import BundleOffer
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
@@ -117,7 +118,7 @@ class ChunkDownload(BlockDownload):
     def _write_chunk(self, part: BinaryIO, rec: BinaryIO, record: bytearray, indices: list[int], data: bytes) -> None:
         """Data first, then its record bytes (no fsync: see agent/transfer/blocks.py)."""
         for index in indices:
-            os.pwrite(part.fileno(), data, self.offsets[index])
+            _pwrite_all(part.fileno(), data, self.offsets[index])
         for index in indices:
             os.pwrite(rec.fileno(), b"\x01", index)
             record[index] = 1
@@ -146,17 +147,11 @@ class ChunkDownload(BlockDownload):
             log.warning("refused a chunk of %s: %s", self.offer.bundle_id, err)
             return None
 
-    def _take(
-        self, unit: int, data: bytes, part: BinaryIO, rec: BinaryIO, record: bytearray, digest: OrderedDigest
-    ) -> None:
+    def _take(self, unit: int, data: bytes, part: BinaryIO, rec: BinaryIO, record: bytearray) -> int:
         indices = [i for i in self.groups[unit][1] if not record[i]]
         self._write_chunk(part, rec, record, indices, data)
-        for index in indices:
-            digest.add(index, data)
         self.fetched_chunks += 1
-
-    def _read_piece(self, part: BinaryIO, index: int) -> bytes:
-        return os.pread(part.fileno(), self.transfer.chunks[index].size, self.offsets[index])
+        return len(indices)
 
     def summary(self) -> str:
         return (

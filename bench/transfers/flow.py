@@ -69,9 +69,11 @@ def _settle(devices: list[Connection]) -> None:
 class DeviceProcess:
     """bench/transfers/device.py: the device in its own process, as on another machine."""
 
-    def __init__(self, broker_url: str) -> None:
+    def __init__(self, broker_url: str, prefix: list[str] | None = None, python: str | None = None) -> None:
+        """`prefix`: what runs the process elsewhere (`ip netns exec NAME`: its own network namespace). `python`:
+        another interpreter, whose environment's edgefleet the device runs (a baseline checkout's agent)."""
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("device.py")), broker_url],
+            [*(prefix or []), python or sys.executable, str(Path(__file__).with_name("device.py")), broker_url],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
 
@@ -84,7 +86,12 @@ class DeviceProcess:
 
     def done(self) -> float:
         """When the device finished (its time.perf_counter(): CLOCK_MONOTONIC, shared by this machine's processes)."""
-        return float(self._expect("done"))
+        return self.done_cpu()[0]
+
+    def done_cpu(self) -> tuple[float, float | None]:
+        """(when the device finished, its CPU seconds for the fetch, where it reports them)."""
+        words = self._expect("done").split()
+        return float(words[0]), (float(words[1]) if len(words) > 1 else None)
 
     def _expect(self, word: str) -> str:
         assert self.proc.stdout is not None
@@ -113,13 +120,20 @@ def raw_remote(host: Connection, device: DeviceProcess, data: bytes, block: int,
 
 
 def bundle_remote(
-    host: Connection, device: DeviceProcess, bundle: Path, block: int, *, offer_first: bool, chunks: bool = False
+    host: Connection,
+    device: DeviceProcess,
+    bundle: Path,
+    block: int,
+    *,
+    offer_first: bool,
+    chunks: bool = False,
+    cpu: list[float] | None = None,
 ) -> tuple[float, float]:
     """The device process waits on the bundle's offer and fetches it (`BlockDownload`, or with `chunks` the agent's
     chunked download: index pages read first when the offer has them); the host publishes it offer first
     (tests/support/publishing/offer_first_blocks.py, or for chunks offer_first_chunks.py beside it: the fetch
     overlaps the publishing) or offer last (`publish_bundle`: the fetch follows it). (publish s, end to end s): from
-    the host's first byte to the device's verified file."""
+    the host's first byte to the device's verified file; the device's CPU seconds for the fetch go to `cpu`."""
     bundle_id = parse_manifest(read_signed_manifest(bundle).manifest_json).bundle_id
     device.ask(f"fetch {bundle_id} {WINDOW}")
     start = time.perf_counter()
@@ -130,7 +144,10 @@ def bundle_remote(
     else:
         publish_bundle(host, Topics(), bundle, block_size=block, layout="chunks" if chunks else "blocks")
     published = time.perf_counter()
-    return published - start, device.done() - start
+    end, cpu_s = device.done_cpu()
+    if cpu is not None and cpu_s is not None:
+        cpu.append(cpu_s)
+    return published - start, end - start
 
 
 def cap_trial(host: Connection, device: Connection, bundle: Path, block: int, work: Path, cap: int) -> dict:
@@ -156,7 +173,7 @@ def cap_trial(host: Connection, device: Connection, bundle: Path, block: int, wo
 
 def fleet_trial(broker_url: str, bundle: Path, block: int, work: Path, devices: int, data: bytes) -> dict:
     """One bundle to `devices` fetchers in this process (each its own MQTT connection and downloader thread, every
-    block and the whole file hashed as on a device), against the broker's raw fan-out of the same bytes to the same
+    block hashed once, as on a device), against the broker's raw fan-out of the same bytes to the same
     connections."""
     topics = Topics()
     host = Connection(broker_url, "bench-fleet-host").start()
@@ -204,12 +221,11 @@ def fleet_trial(broker_url: str, bundle: Path, block: int, work: Path, devices: 
 
 
 def _hash_cpu_seconds(data: bytes, block: int) -> float:
-    """CPU seconds of one device's hashing: every block, then the whole file (best of 3)."""
+    """CPU seconds of one device's hashing: every block once (best of 3; there is no whole-file pass)."""
     best = float("inf")
     for _ in range(3):
         start = time.process_time()
         for i in range(0, len(data), block):
             hashlib.sha256(data[i : i + block]).digest()
-        hashlib.sha256(data).digest()
         best = min(best, time.process_time() - start)
     return best

@@ -181,9 +181,10 @@ def unpack_bundle(bundle_path: Path, dest: Path, trusted: TrustedKeys) -> Manife
 
 
 def unpack_pinned(bundle_path: Path, dest: Path, manifest_json: str) -> Manifest:
-    """Extract a bundle file whose whole-file sha256 was already checked against a signed offer carrying
-    `manifest_json`: its manifest.json must be those exact bytes and every file must match its pin. Directories
-    are fsync'd. A full disk raises DiskFullError (transient); `dest` is removed on any failure."""
+    """Extract a bundle file assembled from pieces each checked against a signed offer carrying `manifest_json`
+    (agent/transfer/blocks.py: no whole-file hash; this is the check of the assembled file): its manifest.json must
+    be those exact bytes and every file must match its pin. Directories are fsync'd. A full disk raises
+    DiskFullError (transient); `dest` is removed on any failure."""
     manifest = parse_manifest(manifest_json)
     if dest.exists():
         raise BundleError(f"unpack target {dest} already exists")

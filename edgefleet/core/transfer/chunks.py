@@ -5,8 +5,9 @@ and retained on `{prefix}/chunks/{sha256}`. A chunk travels raw, or as one zstd 
 the host (control/publish/chunker.py); the signed offer says which, and how many bytes each takes on the wire. A device
 decodes a payload only within the signed sizes: a frame that would inflate past the chunk's signed size is refused
 after reading at most one byte beyond it (a decompression bomb never reaches memory or disk), and the decoded bytes
-must hash to the chunk's name. Since every chunk is checked on its own and the whole file once more against the
-signed whole-file sha256, a chunk from anywhere (an installed bundle, the broker) is as good as any other.
+must hash to the chunk's name. Since every chunk is checked on its own against the signed list (and the assembled
+file unpacked against the signed manifest), a chunk from anywhere (an installed bundle, the broker) is as good as any
+other.
 """
 
 from __future__ import annotations

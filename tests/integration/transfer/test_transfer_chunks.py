@@ -1,5 +1,6 @@
 """Chunked transfer over a real Mosquitto: content-addressed chunks named by their sha256, listed in the signed
-offer, compressed where it pays, fetched once, checked one by one and then as a whole."""
+offer, compressed where it pays, fetched once, checked one by one (the assembled file is then unpacked against the
+signed manifest)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from edgefleet.agent.transfer.chunks import ChunkDownload
 from edgefleet.control.credentials.keyring import HostKeys
 from edgefleet.control.publish.chunks import publish_chunks, referenced_chunks, retained_offers, unpublish_bundle
 from edgefleet.control.publish.publisher import publish_bundle
-from edgefleet.core.errors import SignatureError
+from edgefleet.core.bundle.archive import unpack_pinned
+from edgefleet.core.errors import BundleError, SignatureError
 from edgefleet.core.messages import BundleOffer, ChunkRef, Transfer
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
@@ -84,12 +86,14 @@ def test_a_corrupt_chunk_is_refused_and_fetched_again_once_repaired(
     assert resumed.fetched_chunks == 1 and resumed.bytes_received == ref.size
 
 
-def test_chunks_that_hash_right_but_assemble_wrong_are_caught_by_the_signed_whole_file_hash(
+def test_chunks_that_hash_right_but_assemble_wrong_are_refused_before_install(
     host: Connection, device: Connection, topics: Topics, demo_bundles: dict[str, Path], tmp_path: Path,
     host_keys: HostKeys, signing_key: SigningKey, trusted: TrustedKeys,
 ) -> None:  # fmt: skip
     """A publisher bug, signed by the real key: two chunks listed in the wrong order. Each chunk is right, the
-    file is not; the download is discarded before the tar is opened."""
+    file is not. The device hashes each byte once (no whole-file pass: agent/transfer/blocks.py), so the download
+    completes; the unpack against the signed manifest (what the agent's `stage` runs before anything is installed)
+    refuses the file, and nothing is left in the target folder."""
     bundle = bundle_with(demo_bundles["generic-x86-64"], tmp_path, signing_key, trusted, "13",
                          {"extra/weights.bin": _random(13, 300_000)})  # fmt: skip
     _, offer = publish_bundle(host, topics, bundle)
@@ -101,10 +105,13 @@ def test_chunks_that_hash_right_but_assemble_wrong_are_caught_by_the_signed_whol
     bad = sign_offer(offer.bundle_id, offer.manifest_json, swapped, host_keys.bundle_key(), host_keys.keyset())
     part = tmp_path / "b.part"
     fetch = ChunkDownload(device, topics, bad, part)
-    with pytest.raises(TransferError, match="sha256 does not match the offer"):
-        fetch.run()
+    assembled = fetch.run()
     assert fetch.corrupt_blocks == 0, "every chunk hashed right"
-    assert not part.exists(), "the assembled file is discarded"
+    assert assembled.read_bytes() != bundle.read_bytes(), "the file is not the bundle"
+    staging = tmp_path / "staging"
+    with pytest.raises(BundleError):
+        unpack_pinned(assembled, staging, bad.manifest_json)
+    assert not staging.exists(), "nothing unpacked is left"
 
 
 def _two_big(chunks: list[ChunkRef]) -> tuple[int, int]:
