@@ -45,6 +45,7 @@ from edgefleet.core.trust.signing import generate_keypair
 from support.fleet import silero_model
 
 REPO = Path(__file__).resolve().parent.parent
+ROUND_S = 1.0  # seconds per recipe and timing round (converter.timing.latency sizes the runs to it)
 SILERO = silero_model()
 CASES = {
     "digits-cnn": (
@@ -295,7 +296,9 @@ def _run_case(
                 acc[name] = score(predict(value[0], evaluation), reference, evaluation.labels, plan)
     print(f"== {case.name}: timing {len(ok)} recipes interleaved", file=sys.stderr, flush=True)
     load = [round(os.getloadavg()[0], 2)]
-    lat = interleaved_latency({n: r[0] for n, r in ok.items()}, evaluation, rounds=rounds)
+    # Each round about ROUND_S per recipe (5 to 30 runs, sized by the slowest): u2netp's seven recipes at 0.1-1.4 s
+    # a run took 75 s a round at a fixed 30 runs.
+    lat = interleaved_latency({n: r[0] for n, r in ok.items()}, evaluation, rounds=rounds, round_s=ROUND_S)
     load.append(round(os.getloadavg()[0], 2))
     limits = machine_limits(threads, REPO / "bench" / "results" / "cache")
     artifacts = [Artifact(n, _runtime_of(r[2]), r[2], lat[n].median_ms, r[3]) for n, r in ok.items()]
@@ -400,7 +403,7 @@ def main() -> None:
     )
     parser.add_argument("--only", action="append", default=None, help="only these cases (repeat)")
     parser.add_argument("--samples", type=int, default=24, help="--corpus: calibration and evaluation samples")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (30 runs each)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (5-30 runs each)")
     parser.add_argument("--time-budget", type=float, default=None, help="edgefleet's search budget per model (s)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--no-mixed", dest="mixed", action="store_false", help="no mixed-precision rows")
