@@ -17,7 +17,7 @@ the model's last run took under a millisecond and an inference slot is reserved 
 thread itself, but only while no other client is seen: no other connection with bytes unread at that moment, and
 none for CROWD_S before. Without that rule concurrent clients were served one at a time: while the I/O thread
 runs a model, the others' requests wait unread in their sockets, so the service looks idle to each in turn and the
-workers stay idle (py-spy, 4 clients of a 0.25 ms MLP: 84 % of the server's samples on the I/O thread, 56 % of them
+workers stay idle (py-spy, 4 clients of a 0.25 ms MLP: 84 % of the server's samples on the I/O thread, most of them
 in the model). The I/O thread still never waits on a peer: an answer the socket cannot take at once is finished by
 a worker.
 """
