@@ -10,14 +10,15 @@ Without --bundle-dir the demo CNN is converted for intel-x86-vnni into a tempora
      Protocol's binary tensor format and /v1's .npy and JSON bodies with http.client, and OIP binary and .npy
      with a minimal socket client, minus the raw call (goal ≤ +0.3 ms);
   2b. throughput at 4 concurrent clients (OIP binary, keep-alive) against 4 threads calling the runtime
-     directly, for a generated MLP of ≥ 1 ms a call (goal ≥ 90 % of raw);
+     directly, for a generated MLP (bench/serving/throughput.py; goal ≥ 90 % of raw);
   3. idle RSS of a process holding the agent runtime + model + API minus a bare onnxruntime process with
-     the same model (goal ≤ 30 MB), with the decision cached (a restart), after one /metrics scrape, and after
-     a cold selection that also measured OpenVINO; with --baseline-repo, the same process from another checkout;
-  4. time from bundle directory to first answer with no cached decision (goal < 2 s), each try in a fresh
-     process: in a running agent (imports done), in a fresh process (interpreter start included), and with the
-     measuring worker started when the offer was accepted; with --baseline-repo, the other checkout in the same
-     rounds, interleaved, medians;
+     the same model (goal ≤ 25 MB, issue #25; it was 30 MB), with the decision cached (a restart), after one
+     /metrics scrape, and after a cold selection that also measured OpenVINO; with --baseline-repo, the same
+     process from another checkout;
+  4. time from bundle directory to first answer with no cached decision (goal < 2 s) and, in a fresh process,
+     with the decision cached (an agent's restart; goal < 1 s), each try in a fresh process: in a running agent
+     (imports done), in a fresh process (interpreter start included), and with the measuring worker started when
+     the offer was accepted; with --baseline-repo, the other checkout in the same rounds, interleaved, medians;
   5. whether selection (CPU EP vs OpenVINO CPU) picked the candidate that a long isolated run finds fastest;
   6. model quality (bench/serving/quality.py): drift statistics' cost on the request path and memory, and a shadow
      model's effect on the served p50 at 10 % and 100 % mirroring (`--quality-only` runs just this part).
@@ -142,6 +143,8 @@ def main() -> None:
     parser.add_argument("--baseline-repo", type=Path,
                         help="another checkout (e.g. before a change), measured beside ours")  # fmt: skip
     parser.add_argument("--quality-only", action="store_true", help="only the model-quality section (6)")
+    parser.add_argument("--mlp-width", type=int, default=1024,
+                        help="the throughput MLP's width (2048: about 3 ms a call as OpenVINO int8)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -165,7 +168,8 @@ def main() -> None:
         if "throughput" in parts:
             from serving.throughput import bench_throughput
 
-            report["throughput"] = bench_throughput(work, args.threads, baseline=args.baseline_repo)
+            report["throughput"] = bench_throughput(work, args.threads, baseline=args.baseline_repo,
+                                                    width=args.mlp_width)  # fmt: skip
         if "rss" in parts:
             report["rss"] = bench_rss(bundle, manifest, args.threads, work, args.baseline_repo)
         if "first-answer" in parts:
@@ -210,7 +214,7 @@ def main_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool]]:
     for name, row in rss.items():
         if isinstance(row, dict):
             rows.append((f"idle RSS, {name}", f"{row['rss_mb']:.1f} MB (bare ORT {rss['bare_onnxruntime_mb']:.1f})",
-                         f"+{row['over_bare_mb']:.1f} MB", "≤ 30 MB", row["over_bare_mb"] <= 30))  # fmt: skip
+                         f"+{row['over_bare_mb']:.1f} MB", "≤ 25 MB", row["over_bare_mb"] <= 25))  # fmt: skip
     first = r.get("first_answer_s", {})
     for name, seconds in first.items():
         if name.endswith(" [baseline]"):
@@ -220,7 +224,9 @@ def main_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, bool]]:
             continue
         base = first.get(f"{name} [baseline]")
         detail = f"baseline {base:.3f} s: {seconds / base:.2f}×" if base else ""
-        rows.append((f"bundle dir → first answer, {name}", detail, f"{seconds:.3f} s", "< 2 s", seconds < 2))
+        limit = 1.0 if "decision cached" in name else 2.0
+        rows.append((f"bundle dir → first answer, {name}", detail, f"{seconds:.3f} s", f"< {limit:g} s",
+                     seconds < limit))  # fmt: skip
     if sel := r.get("selection"):
         iso = ", ".join(f"{p} {v:.2f} µs" for p, v in sel["isolated_medians_us"].items())
         rows.append(("selection picks the fastest (isolated run: " + iso + ")", f"picked {sel['picked']}",

@@ -5,13 +5,26 @@ Other rooms use `InferenceService` (the HTTP server and the models it serves), i
 `ServiceMetrics`, `MqttInference` (requests over MQTT, answered on their own thread), and for generative models
 `GenerationConfig`, `GenerationParts` (the gate and accounting every generation path shares) and `MqttGeneration`
 (agent/api/generation/).
+The MQTT paths are imported when first used (`MqttInference`, `MqttGeneration`): serving over HTTP alone
+loads neither paho-mqtt nor TLS (bench/serve.py's idle RSS).
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from edgefleet.agent.api.config import ServiceConfig
-from edgefleet.agent.api.generation import GenerationConfig, GenerationParts, MqttGeneration
+from edgefleet.agent.api.generation import GenerationConfig, GenerationParts
 from edgefleet.agent.api.metrics.histograms import ServiceMetrics
-from edgefleet.agent.api.mqtt import MqttInference
 from edgefleet.agent.api.service import InferenceService
+
+if TYPE_CHECKING:
+    from edgefleet.agent.api.generation.mqtt import MqttGeneration
+    from edgefleet.agent.api.mqtt import MqttInference
+
+_LAZY = {  # imported when first used: not needed to serve (see the module's docstring)
+    "MqttGeneration": "edgefleet.agent.api.generation.mqtt",
+    "MqttInference": "edgefleet.agent.api.mqtt",
+}
 
 __all__ = [
     "GenerationConfig",
@@ -22,3 +35,13 @@ __all__ = [
     "ServiceConfig",
     "ServiceMetrics",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The MQTT paths on first use: a process that only serves HTTP never loads paho, TLS or the quality room."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

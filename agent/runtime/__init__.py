@@ -5,13 +5,23 @@ Other rooms use: `LoadedModel` (a bundle loaded, golden-checked, run), `RuntimeO
 bundles), `Policy` (how the provider is chosen), `BenchmarkService` (the device as a benchmark farm), the modules
 `backends` and `custom_ops` (what this device can run), and `hardware` / `usable_providers` (status facts).
 Importing this room loads no runtime: ONNX Runtime and the optional ones are imported when first used.
+`BenchmarkService` is imported when first used: it speaks MQTT (paho, TLS), which serving a model never needs.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from edgefleet.agent.runtime import backends, custom_ops
-from edgefleet.agent.runtime.benchmark import BenchmarkService
 from edgefleet.agent.runtime.device_facts import hardware, usable_providers
 from edgefleet.agent.runtime.model import LoadedModel, RuntimeOptions
 from edgefleet.agent.runtime.selection.selector import NoProviderError, Policy
+
+if TYPE_CHECKING:
+    from edgefleet.agent.runtime.benchmark import BenchmarkService
+
+_LAZY = {  # imported when first used: not needed to serve (see the module's docstring)
+    "BenchmarkService": "edgefleet.agent.runtime.benchmark",
+}
 
 __all__ = [
     "BenchmarkService",
@@ -24,3 +34,13 @@ __all__ = [
     "hardware",
     "usable_providers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The benchmark farm on first use: it speaks MQTT, and serving a model never needs it."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -4,11 +4,34 @@ resources.
 Other rooms use `Reporter` (every report the device sends), `Spool` (its disk outbox), `RequestStats` (latency,
 errors and failures of the requests served; `RequestStats.generation`, a `GenerationWindow`, the token figures of
 generations) and `ResourceSampler` (CPU, memory, temperature).
+`Reporter`, `SpoolFigures` and `Spool` are imported when first used (sqlite3, MQTT): the local API needs only
+`RequestStats`.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from edgefleet.agent.telemetry.generation_window import GenerationWindow
-from edgefleet.agent.telemetry.reporter import Reporter, SpoolFigures
-from edgefleet.agent.telemetry.spool import Spool
 from edgefleet.agent.telemetry.stats import RequestStats, ResourceSampler
 
+if TYPE_CHECKING:
+    from edgefleet.agent.telemetry.reporter import Reporter, SpoolFigures
+    from edgefleet.agent.telemetry.spool import Spool
+
+_LAZY = {  # imported when first used: not needed to serve (see the module's docstring)
+    "Reporter": "edgefleet.agent.telemetry.reporter",
+    "SpoolFigures": "edgefleet.agent.telemetry.reporter",
+    "Spool": "edgefleet.agent.telemetry.spool",
+}
+
 __all__ = ["GenerationWindow", "Reporter", "RequestStats", "ResourceSampler", "Spool", "SpoolFigures"]
+
+
+def __getattr__(name: str) -> Any:
+    """The reporter and its spool on first use: the local API needs only RequestStats."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

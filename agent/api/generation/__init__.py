@@ -4,12 +4,32 @@ device-wide, token budgets, and the accounting behind telemetry's GenerationStat
 
 Other rooms use `GenerationConfig` (the limits), `GenerationParts` (what every path shares: build one per daemon),
 `GenerationAccounting` and `MqttGeneration`.
+`MqttGeneration` is imported when first used (paho-mqtt and TLS are not needed to serve over HTTP).
 """
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from edgefleet.agent.api.generation.accounting import GenerationAccounting
 from edgefleet.agent.api.generation.config import GenerationConfig
 from edgefleet.agent.api.generation.gate import GenerationGate
-from edgefleet.agent.api.generation.mqtt import MqttGeneration
 from edgefleet.agent.api.generation.runner import GenerationParts
 
+if TYPE_CHECKING:
+    from edgefleet.agent.api.generation.mqtt import MqttGeneration
+
+_LAZY = {  # imported when first used: not needed to serve (see the module's docstring)
+    "MqttGeneration": "edgefleet.agent.api.generation.mqtt",
+}
+
 __all__ = ["GenerationAccounting", "GenerationConfig", "GenerationGate", "GenerationParts", "MqttGeneration"]
+
+
+def __getattr__(name: str) -> Any:
+    """Generation over MQTT on first use: serving over HTTP alone never loads paho-mqtt or TLS."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

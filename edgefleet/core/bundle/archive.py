@@ -17,12 +17,15 @@ import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from edgefleet.core.bundle.manifest import FileEntry, Manifest
 from edgefleet.core.errors import BundleError, DiskFullError
-from edgefleet.core.trust.signing import SigningKey, TrustedKeys
+
+if TYPE_CHECKING:  # keys arrive as objects: reading a manifest never loads cryptography (the agent's idle RSS)
+    from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "signature.json"

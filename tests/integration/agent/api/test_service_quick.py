@@ -197,3 +197,56 @@ def test_a_quick_answer_the_peer_cannot_take_at_once_is_finished_by_a_worker_whi
             slow.sendall(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             status, answer = _read_answer(reader)
             assert status == 200 and json.loads(answer)["id"] == "slow-2"
+
+
+def _post(sock: socket.socket, body: bytes) -> None:
+    sock.sendall(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+
+
+def test_requests_from_several_clients_at_once_go_to_the_workers_not_one_by_one_through_the_io_thread(
+    models: dict[str, LoadedModel],
+) -> None:
+    """While the I/O thread answers a quick request, two other clients send theirs: they wait unread, and each
+    alone would find the service idle. The server sees the other client's bytes and hands both to workers (so
+    concurrent clients run in parallel, not one at a time on the I/O thread); a lone client is quick again later."""
+    recording = RecordingModel(models["v1"])
+    x = sample(models)
+    latencies: list[float] = []
+    on_io, release = threading.Event(), threading.Event()
+
+    def answered(latency_ms: float) -> None:  # holds the I/O thread (not the model: its latency stays quick)
+        latencies.append(latency_ms)
+        if threading.current_thread().name == "inference-api-io" and not release.is_set():
+            on_io.set()
+            release.wait(10)
+
+    with InferenceService([recording], ServiceConfig(port=0, concurrency=4), on_answer=answered) as svc:
+        socks = [socket.create_connection(("127.0.0.1", svc.port), timeout=30) for _ in range(3)]
+        readers = [s.makefile("rb") for s in socks]
+        try:
+            for attempt in range(50):  # until a request is answered on the I/O thread (a loaded machine slows some)
+                _post(socks[0], _oip(x, f"warm-{attempt}"))
+                if on_io.wait(0.5) or _read_answer(readers[0])[0] != 200:
+                    break
+            assert on_io.is_set(), latencies
+            runs_before = len(recording.threads)
+            _post(socks[1], _oip(x, "b"))
+            _post(socks[2], _oip(x, "c"))
+            release.set()  # both requests are in the server's socket buffers now, unread
+            for index, request_id in ((1, "b"), (2, "c")):
+                status, answer = _read_answer(readers[index])
+                assert status == 200 and json.loads(answer)["id"] == request_id
+            assert _read_answer(readers[0])[0] == 200
+            both = recording.threads[runs_before:]
+            assert len(both) == 2 and "inference-api-io" not in both, both
+            time.sleep(0.2)  # past CROWD_S: a lone client, a fast model, an idle service
+            for attempt in range(20):
+                _post(socks[0], _oip(x, f"alone-{attempt}"))
+                assert _read_answer(readers[0])[0] == 200
+                if recording.threads[-1] == "inference-api-io":
+                    break
+            assert recording.threads[-1] == "inference-api-io", (latencies, recording.threads)
+        finally:
+            for reader, sock in zip(readers, socks, strict=True):
+                reader.close()
+                sock.close()
