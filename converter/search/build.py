@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgefleet.converter import large_model, phases
+from edgefleet.converter import deadline, large_model, phases
 from edgefleet.converter.passes import openvino as ovp
 from edgefleet.converter.passes import precision as prec
 from edgefleet.converter.passes.custom_ops import custom_ops
@@ -99,7 +99,7 @@ def build(
         built.error = str(err)
         built.pruned = isinstance(err, Pruned)
         log.info("candidate %s failed: %s", spec.name, err)
-        if not built.pruned:  # another profile's search has other bounds
+        if not built.pruned and not isinstance(err, deadline.TimeBudgetSpent):  # another profile has other bounds
             ws.memo.builds[key] = built
         return built
     with phases.phase("accuracy"):
