@@ -60,7 +60,10 @@ def test_an_agent_installs_a_generative_bundle_and_serves_it_over_http_and_mqtt(
     whole = api.completions.create(model="tinylm", prompt=PROMPT, max_tokens=24)
     pieces = [c.choices[0].text for c in api.completions.create(model="tinylm", prompt=PROMPT, max_tokens=24,
                                                                   stream=True)]  # fmt: skip
-    assert "".join(pieces) == whole.choices[0].text and len(pieces) > 3
+    # Streamed: the first piece goes out at once, the rest joined for at most 2 ms each (agent/api/generation/
+    # pacing.py), so how many pieces follow depends on this machine's decode speed; that the first came alone does not.
+    text = whole.choices[0].text
+    assert "".join(pieces) == text and len(pieces) >= 2 and len(pieces[0]) < len(text)
 
     chunks = generate(host, topics, GenerateRequest(request_id="m1", client_id="c1", prompt=PROMPT, max_tokens=24))
     assert [c.index for c in chunks] == list(range(len(chunks)))
