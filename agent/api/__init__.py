@@ -9,13 +9,13 @@ The MQTT paths are imported when first used (`MqttInference`, `MqttGeneration`):
 loads neither paho-mqtt nor TLS (bench/serve.py's idle RSS).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edgefleet.agent.api.config import ServiceConfig
 from edgefleet.agent.api.generation import GenerationConfig, GenerationParts
 from edgefleet.agent.api.metrics.histograms import ServiceMetrics
 from edgefleet.agent.api.service import InferenceService
+from edgefleet.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from edgefleet.agent.api.generation.mqtt import MqttGeneration
@@ -37,11 +37,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The MQTT paths on first use: a process that only serves HTTP never loads paho, TLS or the quality room."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# The MQTT paths on first use: a process that only serves HTTP never loads paho, TLS or the quality room.
+__getattr__ = lazy_names(__name__, _LAZY, globals())

@@ -8,10 +8,10 @@ first used: the local API needs only `FieldAccuracy`, and the monitor brings the
 cryptography, tarfile) with it.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edgefleet.agent.quality.feedback import FeedbackError, FieldAccuracy, parse_labels
+from edgefleet.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from edgefleet.agent.quality.monitor import Quality, QualityConfig, ShadowProblem, add_arguments, config_from
@@ -36,11 +36,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The monitor on first use: the local API's feedback needs only FieldAccuracy, not shadows or probe uploads."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# The monitor on first use: the local API's feedback needs only FieldAccuracy, not shadows or probe uploads.
+__getattr__ = lazy_names(__name__, _LAZY, globals())

@@ -8,13 +8,13 @@ Importing this room loads no runtime: ONNX Runtime and the optional ones are imp
 `BenchmarkService` is imported when first used: it speaks MQTT (paho, TLS), which serving a model never needs.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edgefleet.agent.runtime import backends, custom_ops
 from edgefleet.agent.runtime.device_facts import hardware, usable_providers
 from edgefleet.agent.runtime.model import LoadedModel, RuntimeOptions
 from edgefleet.agent.runtime.selection.selector import NoProviderError, Policy
+from edgefleet.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from edgefleet.agent.runtime.benchmark import BenchmarkService
@@ -36,11 +36,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The benchmark farm on first use: it speaks MQTT, and serving a model never needs it."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# The benchmark farm on first use: it speaks MQTT, and serving a model never needs it.
+__getattr__ = lazy_names(__name__, _LAZY, globals())

@@ -8,11 +8,11 @@ generations) and `ResourceSampler` (CPU, memory, temperature).
 `RequestStats`.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edgefleet.agent.telemetry.generation_window import GenerationWindow
 from edgefleet.agent.telemetry.stats import RequestStats, ResourceSampler
+from edgefleet.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from edgefleet.agent.telemetry.reporter import Reporter, SpoolFigures
@@ -27,11 +27,5 @@ _LAZY = {  # imported when first used: not needed to serve (see the module's doc
 __all__ = ["GenerationWindow", "Reporter", "RequestStats", "ResourceSampler", "Spool", "SpoolFigures"]
 
 
-def __getattr__(name: str) -> Any:
-    """The reporter and its spool on first use: the local API needs only RequestStats."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# The reporter and its spool on first use: the local API needs only RequestStats.
+__getattr__ = lazy_names(__name__, _LAZY, globals())

@@ -7,13 +7,13 @@ Other rooms use `GenerationConfig` (the limits), `GenerationParts` (what every p
 `MqttGeneration` is imported when first used (paho-mqtt and TLS are not needed to serve over HTTP).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edgefleet.agent.api.generation.accounting import GenerationAccounting
 from edgefleet.agent.api.generation.config import GenerationConfig
 from edgefleet.agent.api.generation.gate import GenerationGate
 from edgefleet.agent.api.generation.runner import GenerationParts
+from edgefleet.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from edgefleet.agent.api.generation.mqtt import MqttGeneration
@@ -25,11 +25,5 @@ _LAZY = {  # imported when first used: not needed to serve (see the module's doc
 __all__ = ["GenerationAccounting", "GenerationConfig", "GenerationGate", "GenerationParts", "MqttGeneration"]
 
 
-def __getattr__(name: str) -> Any:
-    """Generation over MQTT on first use: serving over HTTP alone never loads paho-mqtt or TLS."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# Generation over MQTT on first use: serving over HTTP alone never loads paho-mqtt or TLS.
+__getattr__ = lazy_names(__name__, _LAZY, globals())
