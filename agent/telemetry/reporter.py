@@ -65,7 +65,7 @@ class Reporter:
         """Retained, QoS 1; skipped while disconnected (the broker's copy is refreshed on every connect)."""
         with self._status_lock:
             if self.conn.connected:
-                self.conn.publish(self.topics.status(self.device_id), status.encode(), qos=1, retain=True, wait=wait)
+                self.conn.publish_latest(self.topics.status(self.device_id), status.encode(), qos=1, wait=wait)
 
     # --- spooled reports
     def event(

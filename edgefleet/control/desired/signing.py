@@ -74,7 +74,7 @@ def publish_desired(
         assert group is not None
         topic, target = topics.group_desired(group), group_target(group)
     signed = sign_desired(keys, desired, target, ttl_s=ttl_s)
-    return conn.publish(topic, signed.encode(), qos=1, retain=True, wait=wait)
+    return conn.publish_latest(topic, signed.encode(), qos=1, wait=wait)  # a replay never leaves an older one
 
 
 def unverified_desired(payload: bytes) -> Desired:

@@ -1,6 +1,8 @@
 """One MQTT connection for host commands and the agent alike (paho-mqtt, callback API v2).
 
 - Subscriptions are remembered and re-made in `on_connect`, so a reconnect restores them.
+- A retained last value (`publish_latest`, a device's status) is never left stale by paho's replay of an older
+  one after a reconnect (edgefleet/core/mqtt/last_value.py).
 - The first connection is retried too (`connect_async` + `loop_start`), with back-off.
 - Protocol "auto" uses MQTT 5 when the broker accepts it and MQTT 3.1.1 otherwise (amqtt, AWS IoT Core):
   a v5 CONNECT to a 3.1.1-only broker gets CONNACK "Unsupported protocol version" within milliseconds.
@@ -22,6 +24,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edgefleet.core.errors import BrokerError
+from edgefleet.core.mqtt.last_value import LastValues
 from edgefleet.core.mqtt.setup import BrokerAddress, TlsFiles, Will, negotiate_protocol, new_client, no_delay
 from edgefleet.core.mqtt.suback import SubackWaiters
 
@@ -91,6 +94,7 @@ class Connection:
         self._observer = observer
         self._subacks = SubackWaiters()
         self._refusal: str | None = None  # the broker's reason for refusing the last CONNECT
+        self.last_values = LastValues(lambda topic, payload, qos: self.publish_latest(topic, payload, qos=qos))
 
     # --- lifecycle
     def start(self, wait: float | None = 10.0) -> Connection:
@@ -190,6 +194,9 @@ class Connection:
             self._patterns.add(topic)
 
     def _subscribe_now(self, topic: str, qos: int) -> None:
+        """Subscribe now if connected. A connection that comes up concurrently has `_connected` set in the same
+        locked step as its snapshot of the subscriptions (`_handle_connect`): one registered after the snapshot
+        sees it set and subscribes here, so no subscription falls between the two."""
         client = self._client
         if client is not None and self.connected:
             client.subscribe(topic, qos)
@@ -242,14 +249,22 @@ class Connection:
     def publish(
         self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, wait: float | None = None
     ) -> paho.MQTTMessageInfo:
+        return self._finish_publish(topic, len(payload), self._send(topic, payload, qos, retain), wait)
+
+    def _send(self, topic: str, payload: bytes, qos: int, retain: bool) -> paho.MQTTMessageInfo:
         client = self._client
         if client is None:
             raise BrokerError("the MQTT connection is not started")
         info = client.publish(topic, payload, qos=qos, retain=retain)
         if info.rc == paho.MQTT_ERR_PAYLOAD_SIZE:
             raise BrokerError(f"payload of {len(payload)} bytes is too large for {topic}")
+        return info
+
+    def _finish_publish(
+        self, topic: str, nbytes: int, info: paho.MQTTMessageInfo, wait: float | None
+    ) -> paho.MQTTMessageInfo:
         if self._observer is not None:
-            self._observer.queued(info.mid, len(payload))
+            self._observer.queued(info.mid, nbytes)
         if wait is not None:
             try:
                 info.wait_for_publish(wait)
@@ -262,6 +277,16 @@ class Connection:
                 raise BrokerError(f"the broker refused the publish to {topic}: {refusal}")
         return info
 
+    def publish_latest(
+        self, topic: str, payload: bytes, *, qos: int = 1, wait: float | None = None
+    ) -> paho.MQTTMessageInfo:
+        """Publish a retained last value: whatever paho replays after a reconnect, the broker ends up holding the
+        newest one published here (it is published again if an older one is applied after it)."""
+        info = self._send(topic, payload, qos, True)
+        if qos > 0:
+            self.last_values.published(topic, payload, qos, info)
+        return self._finish_publish(topic, len(payload), info, wait)
+
     # --- paho callbacks (network thread)
     def _handle_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any) -> None:
         if reason.is_failure:
@@ -270,11 +295,11 @@ class Connection:
             return
         self.connects += 1
         no_delay(client)
-        with self._lock:
+        with self._lock:  # with `_subscribe_now`: a subscription is in this snapshot or made by its caller
             subscriptions = list(self._subscriptions.items())
+            self._connected.set()
         for topic, (qos, _, _) in subscriptions:
             client.subscribe(topic, qos)
-        self._connected.set()
         log.info("connected to %s (MQTT %s)", self.address, "5" if self.protocol == paho.MQTTv5 else "3.1.1")
         if self._on_connected is not None:
             try:
@@ -285,6 +310,7 @@ class Connection:
     def _handle_publish(self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode, props: Any) -> None:
         if self._observer is not None:
             self._observer.acknowledged(mid)
+        self.last_values.acknowledged(mid)
         # MQTT 5 brokers say why they refused a QoS 1 publish (e.g. 0x87 Not authorized by an ACL).
         if reason.is_failure:
             if len(self._refused_publishes) > 10_000:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -175,6 +176,16 @@ class MosquittoBroker:
         if process is not None and process.poll() is None:
             process.kill()
             process.wait(5.0)
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker holds its connections but reads, applies and acknowledges nothing."""
+        assert self._process is not None and self._process.poll() is None, "mosquitto is not running"
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after `pause`."""
+        assert self._process is not None and self._process.poll() is None, "mosquitto is not running"
+        self._process.send_signal(signal.SIGCONT)
 
     def restart(self, timeout: float = 10.0) -> MosquittoBroker:
         """Stop and start again on the same port."""

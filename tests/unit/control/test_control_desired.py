@@ -40,13 +40,13 @@ def test_a_stalled_broker_gets_each_desired_state_once(
     with MosquittoBroker() as broker:
         conn = Connection(broker.url, "desired-test").start()
         sent: list[str] = []
-        real_publish = conn.publish
+        real_publish = conn.publish_latest  # how desired documents go out (a retained last value)
 
         def counting_publish(topic: str, payload: bytes, **kw: object) -> object:
             sent.append(topic)
             return real_publish(topic, payload, **kw)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(conn, "publish", counting_publish)
+        monkeypatch.setattr(conn, "publish_latest", counting_publish)
         publisher = DesiredPublisher(conn, Topics(), store)
         store.put_deployment(Deployment("group", "all", "p", "b1", "m", "1", updated_at=1.0))
         assert broker._process is not None

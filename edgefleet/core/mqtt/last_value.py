@@ -1,0 +1,82 @@
+"""Retained last values (a device's status) that a replay after a reconnect cannot leave stale.
+
+paho re-sends every QoS 1 message the broker had not acknowledged when a connection dropped, but only after the
+`on_connect` callback has run. A client that refreshes its retained status in `on_connect` (as it should: what it
+published while away was skipped) therefore has the broker receive the new value first and the old, replayed one
+after it, and the old one is what stays retained. Seen in CI: an agent kicked by the broker right after it
+published "installing" committed its bundle while away, published "serving" on reconnect, and the control plane
+kept "installing" (the replay) until the rollout timed out.
+
+`LastValues` keeps, per topic, the newest publish and the older ones still unacknowledged. The broker
+acknowledges one connection's messages in the order it applied them, so an older value acknowledged after the
+newest one was applied after it: the newest is then published once more. Nothing here calls paho while holding
+its own lock (paho calls `on_publish` holding its outgoing-message lock).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import paho.mqtt.client as paho
+
+_MAX_OLDER = 64
+
+
+@dataclass
+class _Topic:
+    payload: bytes
+    qos: int
+    newest: paho.MQTTMessageInfo
+    newest_acked: bool
+    older: list[paho.MQTTMessageInfo] = field(default_factory=list)  # not yet acknowledged
+
+
+class LastValues:
+    """The retained last values one connection publishes; `republish(topic, payload, qos)` sends one again."""
+
+    def __init__(self, republish: Callable[[str, bytes, int], object]) -> None:
+        self._republish = republish
+        self._lock = threading.Lock()
+        self._topics: dict[str, _Topic] = {}
+        self._by_mid: dict[int, str] = {}  # the unacknowledged publishes of each topic
+        self.replays_superseded = 0  # how often a replayed old value was followed by the newest again
+
+    def published(self, topic: str, payload: bytes, qos: int, info: paho.MQTTMessageInfo) -> None:
+        """`info` is the newest value of `topic` (called right after paho took it; its PUBACK may be in already)."""
+        with self._lock:
+            state = self._topics.get(topic)
+            older = [] if state is None else [m for m in (*state.older, state.newest) if not m.is_published()]
+            for dropped in older[:-_MAX_OLDER]:  # paho drops nothing unacknowledged; this only bounds memory
+                self._by_mid.pop(dropped.mid, None)
+            del older[:-_MAX_OLDER]
+            acked = info.is_published()
+            self._topics[topic] = _Topic(payload, qos, info, acked, older)
+            if not acked:
+                self._by_mid[info.mid] = topic
+
+    def settled(self) -> bool:
+        """Whether every value published here has been acknowledged."""
+        with self._lock:
+            return not self._by_mid
+
+    def acknowledged(self, mid: int) -> None:
+        """The broker acknowledged `mid` (the network thread)."""
+        with self._lock:
+            topic = self._by_mid.pop(mid, None)
+            state = self._topics.get(topic) if topic is not None else None
+            if topic is None or state is None:
+                return
+            if state.newest.mid == mid:
+                state.newest_acked = True
+                return
+            state.older = [m for m in state.older if m.mid != mid]
+            if not state.newest_acked:
+                return
+            self.replays_superseded += 1  # applied after the newest: the broker now holds an old value
+            again = (topic, state.payload, state.qos)
+        self._republish(*again)
+
+
+__all__ = ["LastValues"]
