@@ -7,7 +7,8 @@ after it, and the old one is what stays retained. Seen in CI: an agent kicked by
 published "installing" committed its bundle while away, published "serving" on reconnect, and the control plane
 kept "installing" (the replay) until the rollout timed out.
 
-`LastValues` keeps, per topic, the newest publish and the older ones still unacknowledged. The broker
+`LastValues` keeps, per topic, the newest publish and the older ones still unacknowledged, for as long as any of
+them is unacknowledged. The broker
 acknowledges one connection's messages in the order it applied them, so an older value acknowledged after the
 newest one was applied after it: the newest is then published once more. Nothing here calls paho while holding
 its own lock (paho calls `on_publish` holding its outgoing-message lock).
@@ -52,6 +53,9 @@ class LastValues:
                 self._by_mid.pop(dropped.mid, None)
             del older[:-_MAX_OLDER]
             acked = info.is_published()
+            if acked and not older:  # nothing can be replayed over it: nothing to keep
+                self._topics.pop(topic, None)
+                return
             self._topics[topic] = _Topic(payload, qos, info, acked, older)
             if not acked:
                 self._by_mid[info.mid] = topic
@@ -60,6 +64,11 @@ class LastValues:
         """Whether every value published here has been acknowledged."""
         with self._lock:
             return not self._by_mid
+
+    def held(self) -> int:
+        """How many topics are held: those with a value still in flight."""
+        with self._lock:
+            return len(self._topics)
 
     def acknowledged(self, mid: int) -> None:
         """The broker acknowledged `mid` (the network thread)."""
@@ -70,9 +79,11 @@ class LastValues:
                 return
             if state.newest.mid == mid:
                 state.newest_acked = True
-                return
-            state.older = [m for m in state.older if m.mid != mid]
-            if not state.newest_acked:
+            else:
+                state.older = [m for m in state.older if m.mid != mid]
+            if state.newest_acked and not state.older:
+                del self._topics[topic]  # only values still in flight are kept (a fleet has many topics)
+            if not state.newest_acked or state.newest.mid == mid:
                 return
             self.replays_superseded += 1  # applied after the newest: the broker now holds an old value
             again = (topic, state.payload, state.qos)
