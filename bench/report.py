@@ -206,6 +206,22 @@ def _encoder(doc: list[dict[str, Any]]) -> str:
     )
 
 
+def _limit(doc: list[dict[str, Any]]) -> str:
+    """How near this machine's measured limit each chosen bundle of the corpus families runs (the roofline)."""
+    chosen = [r for r in doc if str(r["recipe"]).startswith("edgefleet: ") and r.get("roofline")]
+    if not chosen:
+        raise ValueError("no chosen bundle with a roofline")
+    parts = ", ".join(
+        f"{r['model']} {r['roofline']['limit_pct']:.0f} % ({r['roofline']['bound']}-bound, "
+        f"{r['recipe'].removeprefix('edgefleet: ')})"
+        for r in chosen
+    )
+    return (
+        f"how near this machine's measured limit (its runtimes' own GEMM rate per precision, and its memory "
+        f"bandwidth) each chosen bundle of the new families runs: {parts}"
+    )
+
+
 def _transfer(doc: dict[str, Any]) -> str:
     ratio = doc["ratio_overlapped_vs_raw"]
     return (
@@ -257,6 +273,26 @@ def _serve(doc: dict[str, Any]) -> str:
     )
 
 
+def _lean(doc: dict[str, Any]) -> str:
+    """The local API under concurrent clients, idle memory and the first answer, against issue 25's goals."""
+    throughput, rss, first = doc["throughput"], doc["rss"], doc["first_answer_s"]
+    share = throughput["api"]["OIP binary, minimal client"]["share_of_raw"] * 100
+    over = rss["agent, decision cached"]["over_bare_mb"]
+    cached = first["fresh process, demo bundle, CPU EP + OpenVINO, decision cached"]
+    cold = first["fresh process, demo bundle, CPU EP + OpenVINO"]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "not met"
+
+    return (
+        f"{throughput['clients']} clients over the local API (OIP binary) reach {share:.1f} % of raw onnxruntime "
+        f"throughput on a {throughput['single_call_ms']:.2f} ms model (goal ≥ 90 %, {verdict(share >= 90)}); idle, "
+        f"the agent takes {over:.1f} MB over bare onnxruntime with its decision cached (goal ≤ 25 MB, "
+        f"{verdict(over <= 25)}); a fresh process answers first in {cached:.2f} s with a cached decision (goal < 1 s, "
+        f"{verdict(cached < 1)}), {cold:.2f} s without (goal < 2 s, {verdict(cold < 2)})"
+    )
+
+
 def _generate(doc: dict[str, Any]) -> str:
     goals = doc["goals"]
 
@@ -294,8 +330,10 @@ def _search_cost(doc: list[dict[str, Any]]) -> str:
 HEADLINES: list[tuple[str, str, Callable[[Any], str]]] = [
     ("converter", "convert", _convert("digits-cnn", "the demo CNN")),
     ("converter", "convert_corpus_families", _encoder),
+    ("converter", "convert_corpus_families", _limit),
     ("converter", "search_cost", _search_cost),
     ("agent", "serve", _serve),
+    ("agent", "serve", _lean),
     ("transfer", "transfer", _transfer),
     ("transfer", "transfer", _link),
     ("transfer", "transfer", _resume),
