@@ -8,10 +8,9 @@ published "installing" committed its bundle while away, published "serving" on r
 kept "installing" (the replay) until the rollout timed out.
 
 `LastValues` keeps, per topic, the newest publish and the older ones still unacknowledged, for as long as any of
-them is unacknowledged. The broker
-acknowledges one connection's messages in the order it applied them, so an older value acknowledged after the
-newest one was applied after it: the newest is then published once more. Nothing here calls paho while holding
-its own lock (paho calls `on_publish` holding its outgoing-message lock).
+them is unacknowledged. The broker acknowledges one connection's messages in the order it applied them, so an
+older value acknowledged after the newest one was applied after it: the newest is then published once more.
+Nothing here calls paho while holding its own lock (paho calls `on_publish` holding its outgoing-message lock).
 """
 
 from __future__ import annotations
