@@ -29,61 +29,63 @@ class _Topic:
     payload: bytes
     qos: int
     newest: paho.MQTTMessageInfo
-    newest_acked: bool
     older: list[paho.MQTTMessageInfo] = field(default_factory=list)  # not yet acknowledged
 
 
 class LastValues:
-    """The retained last values one connection publishes; `republish(topic, payload, qos)` sends one again."""
+    """The retained last values one connection publishes; `republish(topic, payload, qos)` sends one again.
+
+    Whether a value was acknowledged is paho's own `is_published()`, read when it matters, never copied: paho sets
+    it just after `on_publish` returns, and a caller's `published` may run in between."""
 
     def __init__(self, republish: Callable[[str, bytes, int], object]) -> None:
         self._republish = republish
         self._lock = threading.Lock()
         self._topics: dict[str, _Topic] = {}
-        self._by_mid: dict[int, str] = {}  # the unacknowledged publishes of each topic
+        self._by_mid: dict[int, str] = {}  # the publishes of each topic whose PUBACK has not been seen here
         self.replays_superseded = 0  # how often a replayed old value was followed by the newest again
 
     def published(self, topic: str, payload: bytes, qos: int, info: paho.MQTTMessageInfo) -> None:
         """`info` is the newest value of `topic` (called right after paho took it; its PUBACK may be in already)."""
         with self._lock:
             state = self._topics.get(topic)
-            older = [] if state is None else [m for m in (*state.older, state.newest) if not m.is_published()]
-            for dropped in older[:-_MAX_OLDER]:  # paho drops nothing unacknowledged; this only bounds memory
-                self._by_mid.pop(dropped.mid, None)
-            del older[:-_MAX_OLDER]
-            acked = info.is_published()
-            if acked and not older:  # nothing can be replayed over it: nothing to keep
+            earlier = [] if state is None else [*state.older, state.newest]
+            older = [m for m in earlier if not m.is_published()][-_MAX_OLDER:]  # the bound only limits memory
+            for gone in {m.mid for m in earlier} - {m.mid for m in older}:
+                self._by_mid.pop(gone, None)
+            if info.is_published() and not older:  # nothing can be replayed over it: nothing to keep
                 self._topics.pop(topic, None)
                 return
-            self._topics[topic] = _Topic(payload, qos, info, acked, older)
-            if not acked:
+            self._topics[topic] = _Topic(payload, qos, info, older)
+            if not info.is_published():  # else its PUBACK was seen already (paid no attention: not yet recorded)
                 self._by_mid[info.mid] = topic
 
     def settled(self) -> bool:
         """Whether every value published here has been acknowledged."""
         with self._lock:
-            return not self._by_mid
+            return all(m.is_published() for t in self._topics.values() for m in (t.newest, *t.older))
 
     def held(self) -> int:
-        """How many topics are held: those with a value still in flight."""
+        """How many topics are held: those with a value in flight."""
         with self._lock:
             return len(self._topics)
 
     def acknowledged(self, mid: int) -> None:
-        """The broker acknowledged `mid` (the network thread)."""
+        """The broker acknowledged `mid` (the network thread, before paho marks it published)."""
         with self._lock:
             topic = self._by_mid.pop(mid, None)
             state = self._topics.get(topic) if topic is not None else None
             if topic is None or state is None:
                 return
-            if state.newest.mid == mid:
-                state.newest_acked = True
-            else:
-                state.older = [m for m in state.older if m.mid != mid]
-            if state.newest_acked and not state.older:
-                del self._topics[topic]  # only values still in flight are kept (a fleet has many topics)
-            if not state.newest_acked or state.newest.mid == mid:
+            if state.newest.mid == mid:  # the newest applied: whatever older one comes after it matters
+                if not state.older:
+                    del self._topics[topic]
                 return
+            state.older = [m for m in state.older if m.mid != mid]
+            if not state.newest.is_published():  # applied before the newest: nothing to do
+                return
+            if not state.older:
+                del self._topics[topic]  # only values still in flight are kept (a fleet has many topics)
             self.replays_superseded += 1  # applied after the newest: the broker now holds an old value
             again = (topic, state.payload, state.qos)
         self._republish(*again)

@@ -38,8 +38,9 @@ class Wire:
         return mid
 
     def ack(self, mid: int) -> None:
-        self.infos[mid].acked = True
+        """As paho does: `on_publish` first, then the message is marked published."""
         self.values.acknowledged(mid)
+        self.infos[mid].acked = True
 
 
 def test_acknowledged_in_order_nothing_is_sent_again_and_nothing_is_held() -> None:
@@ -80,3 +81,14 @@ def test_topics_are_independent() -> None:
     wire.ack(a_new)
     wire.ack(a_old)
     assert [p for _, p in wire.sent] == [b"a1", b"b1", b"a2", b"a2"]
+
+
+def test_a_newest_value_acknowledged_before_it_is_recorded_still_counts_as_applied() -> None:
+    wire = Wire()
+    installing = wire.publish("s", b"installing")
+    serving = Info(99)
+    wire.values.acknowledged(99)  # its PUBACK overtook the caller's `published`
+    serving.acked = True
+    wire.values.published("s", b"serving", 1, serving)  # type: ignore[arg-type]
+    wire.ack(installing)  # the replay, applied after "serving"
+    assert wire.sent[-1][1] == b"serving" and wire.values.replays_superseded == 1
