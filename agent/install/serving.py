@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from edgefleet import __version__
 from edgefleet.agent.install.desired import DesiredState
-from edgefleet.agent.runtime import LoadedModel, hardware, usable_providers
+from edgefleet.agent.runtime import LoadedModel, hardware, native_code, usable_providers
 from edgefleet.agent.telemetry import Reporter
 from edgefleet.core.messages import DeviceState, DeviceStatus
 
@@ -103,6 +103,7 @@ class ServingState:
             verified=bool(model and model.last_golden and model.last_golden.passed),
             last_error=last_error,
             desired_stale=self._desired.stale(),
+            native_code=native_code.loads(),
         )
 
     def publish_status(

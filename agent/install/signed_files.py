@@ -11,8 +11,13 @@ health check (`check_bundle_files`). The files a load opens:
 - an OpenVINO IR's weights (the `.bin` beside the `.xml`);
 - the golden set, the drift reference and a TensorRT calibration table the manifest names;
 - a generative bundle's model folder (`generation.model_dir`), which its runtime loads whole: it must hold nothing
-  but listed regular files, its `model_path` lies inside it, the ONNX files its `genai_config.json` names are listed
-  files of the folder, and their external data is checked as above; its golden prompts and tokenizer files.
+  but listed regular files, its `model_path` lies inside it, and its golden prompts and tokenizer files. Its
+  `genai_config.json` is read as data before anything loads it: every key on the allow-list of
+  agent/runtime/generative/allowed_config.py (nothing that loads a library, names a path or sets a provider the
+  profile does not allow), and every file it names (`filename`, `config_filename`, `adapter_filename`, `data_file`,
+  `tokenizer_dir`) a listed file (or folder of them) of the model folder; the ONNX files' external data is checked as
+  above. The manifest's `generation.runtime_config` passes the same allow-list from the manifest alone, and a
+  generative bundle lists only providers its profile allows.
 Custom-op libraries are never bundle files: a bundle names them by file name and the device looks them up in its
 own library folders (agent/runtime/custom_ops.py), so a name must be a bare file name. TensorRT engine caches are
 the device's own, in its cache folder, and not checked here.
@@ -27,8 +32,15 @@ import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from edgefleet.agent.runtime.external_data import external_data
+from edgefleet.agent.runtime.generative.allowed_config import (
+    ConfigRefused,
+    check_genai_config,
+    check_runtime_config,
+    runtime_of,
+)
 from edgefleet.core.bundle.manifest import Manifest
-from edgefleet.core.errors import BundleError
+from edgefleet.core.errors import BundleError, EdgefleetError
+from edgefleet.core.profiles import get_profile
 
 ONNX_FORMATS = ("onnx", "onnx-tensorrt")
 MAX_GENAI_CONFIG_BYTES = 1 << 20  # a genai_config.json larger than this is refused unread
@@ -77,6 +89,8 @@ def check_manifest_paths(manifest: Manifest) -> None:
         folder = _relative(manifest.generation.model_dir, "generation model_dir")
         if not model.startswith(folder + "/"):
             raise BundleError(f"model_path {model!r} is not inside the generation model folder {folder!r}")
+        generative_providers(manifest)
+        check_runtime_config(runtime_of(manifest.format), manifest.generation.runtime_config)
     for rel, what in _named_files(manifest):
         _listed(_relative(rel, what), what, listed)
     for op in manifest.custom_ops:
@@ -86,6 +100,23 @@ def check_manifest_paths(manifest: Manifest) -> None:
                 f"custom op {op.key} names library {name!r}: a library is a bare file name the device looks up in "
                 "its own custom-op library folders"
             )
+
+
+def generative_providers(manifest: Manifest) -> list[str]:
+    """The providers a generative bundle lists, when its profile allows each of them; ConfigRefused naming one it
+    does not. A profile this agent does not know (a profile folder of its own) adds no limit."""
+    try:
+        profile = get_profile(manifest.profile)
+    except EdgefleetError:
+        return list(manifest.providers)
+    allowed = {p for target in profile.generation for p in target.providers}
+    for provider in manifest.providers:
+        if provider not in allowed:
+            raise ConfigRefused(
+                f"provider {provider!r} is not one profile {manifest.profile} allows for language models "
+                f"({', '.join(sorted(allowed)) or 'none'})"
+            )
+    return list(manifest.providers)
 
 
 def _named_files(manifest: Manifest) -> list[tuple[str, str]]:
@@ -190,43 +221,34 @@ def _check_external_data(files: _Files, model_rel: str, model: Path) -> None:
 
 def _check_generative(files: _Files, manifest: Manifest, model: Path) -> None:
     """The folder a generation runtime loads whole: nothing in it but listed regular files; for ONNX Runtime GenAI,
-    the ONNX files its config names and their external data."""
+    its genai_config.json checked as data against the allow-list, the files it names and their external data."""
     assert manifest.generation is not None
     folder = manifest.generation.model_dir
     files.folder(folder, "generation model folder")
     if manifest.format != "onnx-genai":
         return
-    for name in _genai_model_files(model):
-        what = f"ONNX file {name!r} named by {manifest.model_path}"
-        onnx_rel = posixpath.join(folder, _relative(name, what))
-        _check_external_data(files, onnx_rel, files.file(onnx_rel, what))
+    devices = [p.split(":", 1)[1] for p in generative_providers(manifest) if ":" in p]
+    named = check_genai_config(_read_genai_config(model), devices)
+    for where, name in named.named:
+        what = f"{where} {name!r} named by {manifest.model_path}"
+        rel = posixpath.join(folder, _relative(name, what))
+        if where.endswith(".tokenizer_dir"):
+            if not (rel == folder or _directory(rel, files.listed)):
+                raise BundleError(f"{what} is not a folder of the bundle's signed files")
+            continue
+        path = files.file(rel, what)
+        if where.endswith(".filename"):
+            _check_external_data(files, rel, path)
 
 
-def _genai_model_files(config_path: Path) -> list[str]:
-    """The `filename` entries of a genai_config.json (the decoder's, and any other model part's)."""
+def _read_genai_config(config_path: Path) -> object:
+    """The parsed genai_config.json, read as data (never handed to the runtime unchecked)."""
     if config_path.stat().st_size > MAX_GENAI_CONFIG_BYTES:
         raise BundleError(f"{config_path.name} is over {MAX_GENAI_CONFIG_BYTES} bytes")
     try:
-        config = json.loads(config_path.read_text("utf-8"))
+        return json.loads(config_path.read_text("utf-8"))
     except (OSError, ValueError) as err:
         raise BundleError(f"{config_path.name} is not readable JSON: {err}") from err
-    found: list[str] = []
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "filename":
-                    if not isinstance(value, str):
-                        raise BundleError(f"{config_path.name} names a model file that is not a string: {value!r}")
-                    found.append(value)
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(config.get("model") if isinstance(config, dict) else None)
-    return found
 
 
-__all__ = ["check_bundle_files", "check_manifest_paths"]
+__all__ = ["check_bundle_files", "check_manifest_paths", "generative_providers"]

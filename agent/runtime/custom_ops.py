@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgefleet.agent.runtime import native_code
 from edgefleet.agent.runtime.backends import optional_import
 from edgefleet.core.bundle.manifest import CustomOp, Manifest
 from edgefleet.core.custom_ops import packages
@@ -167,18 +168,26 @@ def _renamed(model_path: Path, ops: Sequence[PythonOp], work_dir: Path) -> Path:
 
 
 def prepare(model_path: Path, manifest: Manifest, work_dir: Path) -> Prepared:
-    """The model file and custom-op libraries a session needs (the model as is when it holds no custom op)."""
+    """The model file and custom-op libraries a session needs (the model as is when it holds no custom op). Each
+    library is recorded as native code the agent loads (agent/runtime/native_code.py: logged, in the status)."""
     if not manifest.custom_ops:
         return Prepared(model_path)
     result = resolve(manifest.custom_ops)
     if not result.ok:
         check(manifest)
     libraries = [str(p) for p in result.libraries]
+    origins = dict.fromkeys(libraries, "custom-op library from the device's --custom-op-libs folders")
+    extensions = ""
     if result.python:
-        libraries.insert(0, _register(result.python))
+        extensions = _register(result.python)
         model_path = _renamed(model_path, result.python, work_dir)
     elif any(op.domain == CONTRIB_DOMAIN for op in manifest.custom_ops):
-        libraries.insert(0, _register([]))
+        extensions = _register([])
+    if extensions:
+        libraries.insert(0, extensions)
+        origins = {extensions: "onnxruntime-extensions (the device's custom-op packages)", **origins}
+    for library, origin in origins.items():
+        native_code.record(library, origin, manifest.bundle_id)
     return Prepared(model_path, tuple(dict.fromkeys(libraries)))
 
 

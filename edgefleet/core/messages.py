@@ -61,6 +61,18 @@ class Hardware(Message):
     hostname: str
 
 
+class NativeCodeLoad(Message):
+    """A native library the agent handed a runtime to load (a custom-op library from the device's own opt-in)."""
+
+    path: str = Field(description="the library's resolved path on the device")
+    sha256: str = Field(description="its sha256 when it was last loaded")
+    origin: str = Field(description="where the device's opt-in named it (e.g. --custom-op-libs, a custom-op package)")
+    bundle_id: str = Field(description="the bundle whose load was last given it")
+    loads: int = Field(ge=1, description="how many loads were given it since the agent started")
+    first_ts: float
+    last_ts: float
+
+
 class DeviceStatus(Message):
     """Retained on `devices/{id}/status`; the last will sets online=false."""
 
@@ -86,6 +98,18 @@ class DeviceStatus(Message):
     desired_stale: str | None = Field(
         default=None, description="why the signed desired state is stale (expired, none newer arrived); None: fresh"
     )
+    native_code: list[NativeCodeLoad] = Field(
+        default_factory=list, description="every native library loaded into the agent since it started"
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """`native_code` is left out when empty, so control planes that predate it still parse the status of every
+        device that loads no native code."""
+        data = handler(self)
+        if not data.get("native_code"):
+            data.pop("native_code", None)
+        return data
 
 
 class LatencySummary(Message):

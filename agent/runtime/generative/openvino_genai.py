@@ -5,7 +5,9 @@ LLM IR folder (`openvino_model.xml`/`.bin`, `openvino_tokenizer.xml`, `openvino_
 Providers `openvino-genai:CPU|GPU|NPU`. The agent's thread count is `INFERENCE_NUM_THREADS`; the manifest's
 `runtime_config` (INFERENCE_PRECISION_HINT, KV_CACHE_PRECISION, DYNAMIC_QUANTIZATION_GROUP_SIZE: the properties the
 build was judged with; on AVX-512 BF16 CPUs OpenVINO's defaults are bf16 compute, a u8 KV cache and int8
-activations) is applied to the pipeline and to the logits model. Token ids arrive one by one and are decoded to text
+activations) is applied to the pipeline and to the logits model, once it passed the allow-list of
+agent/runtime/generative/allowed_config.py (no EXTENSIONS, CONFIG_FILE or CACHE_DIR: nothing that loads a library or
+names a path). Token ids arrive one by one and are decoded to text
 (agent/runtime/generative/detokenizer.py) at once for the first, then at most every 2 ms: a text piece may hold
 several tokens. An `LLMPipeline` runs one generation at a time
 (a second `generate` while one runs is refused by the runtime), so generations on one session take turns. Teacher-
@@ -32,6 +34,7 @@ from edgefleet.agent.runtime.backends import (
     optional_import,
     register,
 )
+from edgefleet.agent.runtime.generative.allowed_config import OPENVINO_GENAI, ConfigRefused, check_runtime_config
 from edgefleet.agent.runtime.generative.backend import GenerativeBackend
 from edgefleet.agent.runtime.generative.detokenizer import IncrementalDecoder
 from edgefleet.agent.runtime.generative.session import (
@@ -96,6 +99,10 @@ class OpenVINOGenAIBackend(GenerativeBackend):
         genai, openvino, reason = _modules()
         if genai is None or openvino is None:
             raise LoadError(reason)
+        try:
+            check_runtime_config(OPENVINO_GENAI, options.runtime_config)
+        except ConfigRefused as err:
+            raise LoadError(f"OpenVINO GenAI is not given {model_path.name}: {err}") from err
         properties: dict[str, Any] = dict(options.runtime_config)
         if options.threads > 0:
             properties["INFERENCE_NUM_THREADS"] = options.threads

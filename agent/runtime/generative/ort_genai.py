@@ -3,8 +3,12 @@
 
 Providers `onnxruntime-genai:cpu` and `onnxruntime-genai:cuda`. The agent's thread count becomes the decoder's
 `intra_op_num_threads` (one inter-op thread), and the manifest's `runtime_config` entries are session options of the
-decoder, both through `Config.overlay` (the same as editing `genai_config.json`). One `og.Model` serves every request:
-each generation has its own `Generator`, so generations run side by side. Cancellation is checked between tokens.
+decoder, both through `Config.overlay` (the same as editing `genai_config.json`). Before `og.Config` reads the
+folder, its `genai_config.json` and the manifest's `runtime_config` are checked again against the allow-list
+(agent/runtime/generative/allowed_config.py: nothing that loads a library, names a path or sets another provider),
+as the install already did: a load that reaches here by another path refuses them too. One `og.Model` serves every
+request: each generation has its own `Generator`, so generations run side by side. Cancellation is checked between
+tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ from edgefleet.agent.runtime.backends import (
     distribution_version,
     optional_import,
     register,
+)
+from edgefleet.agent.runtime.generative.allowed_config import (
+    ORT_GENAI,
+    ConfigRefused,
+    check_genai_config,
+    check_runtime_config,
 )
 from edgefleet.agent.runtime.generative.backend import GenerativeBackend
 from edgefleet.agent.runtime.generative.session import (
@@ -79,13 +89,14 @@ class OrtGenAIBackend(GenerativeBackend):
         og, reason = _module()
         if og is None:
             raise LoadError(reason)
+        device = provider.removeprefix(PREFIX)
+        _check_config(model_path, options.runtime_config, device)
         session_options: dict[str, Any] = {str(k): v for k, v in options.runtime_config.items()}
         if options.threads > 0:
             session_options |= {"intra_op_num_threads": options.threads, "inter_op_num_threads": 1}
         try:
             config = og.Config(str(model_path))
             config.clear_providers()
-            device = provider.removeprefix(PREFIX)
             if device != "cpu":
                 config.append_provider(device)
             if session_options:
@@ -95,6 +106,18 @@ class OrtGenAIBackend(GenerativeBackend):
         except Exception as err:  # og raises RuntimeError with the runtime's own reason
             raise LoadError(f"ONNX Runtime GenAI cannot load {model_path.name}: {err}") from err
         return OrtGenAISession(og, model, tokenizer, provider, model_path, session_options)
+
+
+def _check_config(model_dir: Path, runtime_config: Mapping[str, Any], device: str) -> None:
+    """LoadError unless the folder's genai_config.json and the manifest's runtime_config pass the allow-list."""
+    try:
+        check_runtime_config(ORT_GENAI, runtime_config)
+        text = (model_dir / "genai_config.json").read_text("utf-8")
+        check_genai_config(json.loads(text), [device])
+    except ConfigRefused as err:
+        raise LoadError(f"ONNX Runtime GenAI is not given {model_dir.name}: {err}") from err
+    except (OSError, ValueError) as err:
+        raise LoadError(f"{model_dir.name}/genai_config.json is not readable JSON: {err}") from err
 
 
 def _has_chat_template(model_dir: Path) -> bool:
