@@ -13,7 +13,7 @@ health check (`check_bundle_files`). The files a load opens:
 - a generative bundle's model folder (`generation.model_dir`), which its runtime loads whole: it must hold nothing
   but listed regular files, its `model_path` lies inside it, and its golden prompts and tokenizer files. Its
   `genai_config.json` is read as data before anything loads it: every key on the allow-list of
-  agent/runtime/generative/allowed_config.py (nothing that loads a library, names a path or sets a provider the
+  edgefleet/core/bundle/runtime_config.py (nothing that loads a library, names a path or sets a provider the
   profile does not allow), and every file it names (`filename`, `config_filename`, `adapter_filename`, `data_file`,
   `tokenizer_dir`) a listed file (or folder of them) of the model folder; the ONNX files' external data is checked as
   above. The manifest's `generation.runtime_config` passes the same allow-list from the manifest alone, and a
@@ -32,13 +32,13 @@ import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from edgefleet.agent.runtime.external_data import external_data
-from edgefleet.agent.runtime.generative.allowed_config import (
+from edgefleet.core.bundle.manifest import Manifest
+from edgefleet.core.bundle.runtime_config import (
     ConfigRefused,
     check_genai_config,
     check_runtime_config,
     runtime_of,
 )
-from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import BundleError, EdgefleetError
 from edgefleet.core.profiles import get_profile
 

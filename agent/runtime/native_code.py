@@ -2,7 +2,7 @@
 
 Native code a bundle needs (a custom-op library, onnxruntime-extensions' op library) comes only from the device's
 own opt-in (`--custom-op-libs` folders, custom-op packages; agent/runtime/custom_ops.py); a bundle's files and its
-runtime configuration never name one (agent/runtime/generative/allowed_config.py). Each time a bundle's load is
+runtime configuration never name one (edgefleet/core/bundle/runtime_config.py). Each time a bundle's load is
 given such a library it is recorded here: logged with its path, sha256 and the bundle, and reported in the status
 (`DeviceStatus.native_code`), so an operator sees which native code runs in the agent and for which bundle.
 """

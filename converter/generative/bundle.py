@@ -9,6 +9,7 @@ control plane's latency guardrail compares like with like. Accuracy is next-toke
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ from edgefleet.core.bundle.manifest import (
     SearchReport,
     TensorSpec,
 )
+from edgefleet.core.bundle.runtime_config import ConfigRefused, check_genai_config, check_runtime_config, runtime_of
+from edgefleet.core.errors import ConversionError
 from edgefleet.core.profiles import GenerativeTarget, Profile
 from edgefleet.core.quality.generation import GoldenPrompts
 
@@ -57,10 +60,24 @@ class BundleInputs:
     output_tokens: int
 
 
+def _check_runtime_configuration(folder: Path, runtime_config: dict[str, str | int], target: GenerativeTarget) -> None:
+    """ConversionError unless devices would pass the bundle's runtime configuration on (edgefleet/core/bundle/
+    runtime_config.py): its runtime_config and, for ONNX Runtime GenAI, the folder's genai_config.json (a model
+    brought with its own may hold keys a device refuses, such as a custom_ops_library)."""
+    try:
+        check_runtime_config(runtime_of(target.format), runtime_config)
+        config = folder / "genai_config.json"
+        if target.format == "onnx-genai" and config.is_file():
+            check_genai_config(json.loads(config.read_text("utf-8")), [p.split(":", 1)[1] for p in target.providers])
+    except (ConfigRefused, ValueError) as err:
+        raise ConversionError(f"devices would refuse this bundle's runtime configuration: {err}") from err
+
+
 def write_generative_bundle(request: ConvertRequest, inputs: BundleInputs, staging: Path) -> tuple[Path, Manifest]:
     chosen, source = inputs.chosen, inputs.source
     folder = chosen.artifact.folder
     assert folder is not None and chosen.scores is not None
+    _check_runtime_configuration(folder, chosen.spec.runtime_config, inputs.target)
     staging.mkdir(parents=True)
     golden_path = staging / GOLDEN
     inputs.golden.write(golden_path)

@@ -6,7 +6,7 @@ Providers `openvino-genai:CPU|GPU|NPU`. The agent's thread count is `INFERENCE_N
 `runtime_config` (INFERENCE_PRECISION_HINT, KV_CACHE_PRECISION, DYNAMIC_QUANTIZATION_GROUP_SIZE: the properties the
 build was judged with; on AVX-512 BF16 CPUs OpenVINO's defaults are bf16 compute, a u8 KV cache and int8
 activations) is applied to the pipeline and to the logits model, once it passed the allow-list of
-agent/runtime/generative/allowed_config.py (no EXTENSIONS, CONFIG_FILE or CACHE_DIR: nothing that loads a library or
+edgefleet/core/bundle/runtime_config.py (no EXTENSIONS, CONFIG_FILE or CACHE_DIR: nothing that loads a library or
 names a path). Token ids arrive one by one and are decoded to text
 (agent/runtime/generative/detokenizer.py) at once for the first, then at most every 2 ms: a text piece may hold
 several tokens. An `LLMPipeline` runs one generation at a time
@@ -34,7 +34,6 @@ from edgefleet.agent.runtime.backends import (
     optional_import,
     register,
 )
-from edgefleet.agent.runtime.generative.allowed_config import OPENVINO_GENAI, ConfigRefused, check_runtime_config
 from edgefleet.agent.runtime.generative.backend import GenerativeBackend
 from edgefleet.agent.runtime.generative.detokenizer import IncrementalDecoder
 from edgefleet.agent.runtime.generative.session import (
@@ -46,6 +45,7 @@ from edgefleet.agent.runtime.generative.session import (
     Stopper,
     TokenClock,
 )
+from edgefleet.core.bundle.runtime_config import OPENVINO_GENAI, ConfigRefused, check_runtime_config
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Providers `onnxruntime-genai:cpu` and `onnxruntime-genai:cuda`. The agent's thre
 `intra_op_num_threads` (one inter-op thread), and the manifest's `runtime_config` entries are session options of the
 decoder, both through `Config.overlay` (the same as editing `genai_config.json`). Before `og.Config` reads the
 folder, its `genai_config.json` and the manifest's `runtime_config` are checked again against the allow-list
-(agent/runtime/generative/allowed_config.py: nothing that loads a library, names a path or sets another provider),
+(edgefleet/core/bundle/runtime_config.py: nothing that loads a library, names a path or sets another provider),
 as the install already did: a load that reaches here by another path refuses them too. One `og.Model` serves every
 request: each generation has its own `Generator`, so generations run side by side. Cancellation is checked between
 tokens.
@@ -31,12 +31,6 @@ from edgefleet.agent.runtime.backends import (
     optional_import,
     register,
 )
-from edgefleet.agent.runtime.generative.allowed_config import (
-    ORT_GENAI,
-    ConfigRefused,
-    check_genai_config,
-    check_runtime_config,
-)
 from edgefleet.agent.runtime.generative.backend import GenerativeBackend
 from edgefleet.agent.runtime.generative.session import (
     FinishReason,
@@ -46,6 +40,12 @@ from edgefleet.agent.runtime.generative.session import (
     OnText,
     Stopper,
     TokenClock,
+)
+from edgefleet.core.bundle.runtime_config import (
+    ORT_GENAI,
+    ConfigRefused,
+    check_genai_config,
+    check_runtime_config,
 )
 
 log = logging.getLogger(__name__)

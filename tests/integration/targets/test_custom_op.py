@@ -219,6 +219,8 @@ def test_the_custom_op_example_runs_end_to_end_on_an_agent(
     bundle_id = deploy_to(host, topics, swish_bundles["host"], devices=("dev-swish", "dev-plain"))
     status = watcher.serving("dev-swish", bundle_id, timeout=60)
     assert status.provider_in_use == "CPUExecutionProvider"
+    (loaded,) = status.native_code  # the device's own opt-in (a custom-op package): reported with what it loaded
+    assert loaded.bundle_id == bundle_id and "onnxruntime-extensions" in loaded.origin and len(loaded.sha256) == 64
 
     images, labels = _eval(40)
     answers = RemoteModel(host, topics, "dev-swish").infer_many([{"input": image} for image in images])
@@ -231,6 +233,7 @@ def test_the_custom_op_example_runs_end_to_end_on_an_agent(
 
     refused = watcher.event("dev-plain", "refused", bundle_id=bundle_id)
     assert "custom operators this device lacks: edgefleet.ops::Swish (opset 1)" in refused.detail
+    assert watcher.status["dev-plain"].native_code == []
     assert not any(e.kind == "download-started" for e in watcher.events if e.device_id == "dev-plain")
 
 

@@ -1,4 +1,4 @@
-"""A bundle's runtime configuration is data: the allow-list of agent/runtime/generative/allowed_config.py, as tables.
+"""A bundle's runtime configuration is data: the allow-list of edgefleet/core/bundle/runtime_config.py, as tables.
 Every key the converter writes passes; anything that loads a library, names a path, sets a provider the profile does
 not allow, or is simply not on the list is refused with a reason that names the key."""
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from edgefleet.agent.runtime.generative.allowed_config import (
+from edgefleet.converter.generative.candidates import OV_BF16, OV_COMPRESSED, OV_EXACT
+from edgefleet.core.bundle.runtime_config import (
     OPENVINO_GENAI,
     ORT_GENAI,
     ConfigRefused,
     check_genai_config,
     check_runtime_config,
 )
-from edgefleet.converter.generative.candidates import OV_BF16, OV_COMPRESSED, OV_EXACT
 
 # What ONNX Runtime GenAI's model builder writes for models/tinylm (the converter ships it as is).
 BUILDER_CONFIG: dict[str, Any] = {
@@ -88,7 +88,7 @@ def test_the_runtime_config_the_converter_writes_passes(runtime: str, config: di
 def test_a_runtime_config_key_off_the_list_is_refused_with_its_reason(
     runtime: str, config: dict[str, str | int], reason: str
 ) -> None:
-    with pytest.raises(ConfigRefused, match="generation.runtime_config") as refused:
+    with pytest.raises(ConfigRefused, match=r"generation\.runtime_config") as refused:
         check_runtime_config(runtime, config)
     assert reason in str(refused.value)
 
@@ -132,7 +132,7 @@ def _with(path: str, value: object) -> dict[str, Any]:
 def test_a_genai_config_that_loads_code_names_paths_or_other_providers_is_refused(
     path: str, value: object, reason: str
 ) -> None:
-    with pytest.raises(ConfigRefused, match="genai_config.json") as refused:
+    with pytest.raises(ConfigRefused, match=r"genai_config\.json") as refused:
         check_genai_config(_with(path, value), ["cpu"])
     assert reason in str(refused.value)
 

@@ -16,7 +16,9 @@ options for each model part). Each is checked against an allow-list before anyth
 
 Pure functions of the configuration: no file is read here. The tables are what edgefleet's converter writes plus the
 tuning keys a bundle might sensibly carry; everything else is refused, so a key a runtime adds later is refused until
-it is added here.
+it is added here. Both sides use it: the agent refuses such a bundle (agent/install/signed_files.py, and each
+generation backend before it loads), and the converter refuses to write one (converter/generative/bundle.py), so what
+it ships always passes.
 """
 
 from __future__ import annotations
