@@ -35,7 +35,7 @@ from edgefleet.core.errors import ConversionError
 from edgefleet.core.profiles import GenerativeTarget, Profile
 from edgefleet.core.quality.generation import GoldenPrompts
 
-__all__ = ["GOLDEN", "MODEL_DIR", "BundleInputs", "write_generative_bundle"]
+__all__ = ["GOLDEN", "MODEL_DIR", "BundleInputs", "check_runtime_configuration", "write_generative_bundle"]
 
 MODEL_DIR = "model"
 GOLDEN = "golden_prompts.json"
@@ -60,7 +60,7 @@ class BundleInputs:
     output_tokens: int
 
 
-def _check_runtime_configuration(folder: Path, runtime_config: dict[str, str | int], target: GenerativeTarget) -> None:
+def check_runtime_configuration(folder: Path, runtime_config: dict[str, str | int], target: GenerativeTarget) -> None:
     """ConversionError unless devices would pass the bundle's runtime configuration on (edgefleet/core/bundle/
     runtime_config.py): its runtime_config and, for ONNX Runtime GenAI, the folder's genai_config.json (a model
     brought with its own may hold keys a device refuses, such as a custom_ops_library)."""
@@ -77,7 +77,7 @@ def write_generative_bundle(request: ConvertRequest, inputs: BundleInputs, stagi
     chosen, source = inputs.chosen, inputs.source
     folder = chosen.artifact.folder
     assert folder is not None and chosen.scores is not None
-    _check_runtime_configuration(folder, chosen.spec.runtime_config, inputs.target)
+    check_runtime_configuration(folder, chosen.spec.runtime_config, inputs.target)
     staging.mkdir(parents=True)
     golden_path = staging / GOLDEN
     inputs.golden.write(golden_path)
