@@ -76,6 +76,13 @@ def _name(value: object) -> str | None:
     return "takes a short label without path separators"
 
 
+def _names(value: object) -> str | None:
+    """A comma-separated list of identifiers (ORT optimizer names)."""
+    if isinstance(value, str) and len(value) <= 1024 and all(p.isidentifier() for p in value.split(",")):
+        return None
+    return "takes comma-separated optimizer names"
+
+
 _OPTIMIZATION_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
 
 # ONNX Runtime (GenAI) session options: genai_config.json's `session_options` of any model part, and the manifest's
@@ -102,6 +109,9 @@ ORT_SESSION_OPTIONS: dict[str, Check] = {
     "session.disable_aot_function_inlining": _flag,
     "session.dynamic_block_base": _integer(0, 1 << 16, text=True),
     "mlas.enable_gemm_fastmath_arm64_bfloat16": _flag,
+    "session.use_device_allocator_for_initializers": _flag,
+    "optimization.disable_specified_optimizers": _names,
+    "ep.cuda.fpa_intb_gemm": _flag,  # the model builder's CUDA INT4 kernels
 }
 # Keys refused with a reason of their own (any other key: "not a key the agent passes on").
 ORT_REFUSED: dict[str, str] = {
@@ -157,8 +167,9 @@ OPENVINO_REFUSED: dict[str, str] = {
     "NPUW_DUMP_IO": "writes files",
 }
 
-# genai_config.json: the keys of its structure (every name ONNX Runtime GenAI's config parser knows besides the
-# session, run and provider options handled above). Their values are numbers, flags, tensor names or file names.
+# genai_config.json: the keys of its structure (every name ONNX Runtime GenAI's config parser knows, and its model
+# builder writes, besides the session, run and provider options handled above). Their values are numbers, flags,
+# tensor names or file names.
 GENAI_FILE_KEYS = frozenset({"filename", "config_filename", "adapter_filename", "data_file", "tokenizer_dir"})
 GENAI_SECTIONS = frozenset({"model", "search", "engine"})
 _STRUCTURE_NAMES = """
@@ -185,7 +196,11 @@ _STRUCTURE_NAMES = """
     sample_rate sep_token_id shape shared_initializers silence_duration_ms slide_inputs slide_key_value_cache
     sliding_window spatial_merge_size speculative speech static_batching subsampling_factor targets targets_length
     tdt_durations temperature threshold tokens_per_second top_k top_p total_sequence_length type vad video_token_id
-    vision vision_start_token_id vocab_size win_length window_size"""
+    vision vision_start_token_id vocab_size win_length window_size
+    logits_indices past_key_scale_names past_value_scale_names present_key_scale_names present_value_scale_names
+    past_recurrent_names present_recurrent_names prefix_caching state_groups state_update_capacity state_update_active
+    state_update_capture_count state_update_conv_value_names state_update_recurrent_capsule_names window_kv_cache
+    window_kv_cache_slack"""
 GENAI_STRUCTURE = frozenset(_STRUCTURE_NAMES.split())
 _LIBRARY_SUFFIXES = (".so", ".dll", ".dylib")
 

@@ -57,6 +57,7 @@ BUILDER_CONFIG: dict[str, Any] = {
         (ORT_GENAI, {}),  # the converter writes none for ONNX Runtime GenAI
         (ORT_GENAI, {"intra_op_num_threads": 4, "session.intra_op.allow_spinning": "0"}),
         (ORT_GENAI, {"graph_optimization_level": "ORT_ENABLE_ALL", "log_severity_level": 3}),
+        (ORT_GENAI, {"optimization.disable_specified_optimizers": "MatMulNBitsFusion", "ep.cuda.fpa_intb_gemm": "1"}),
     ],
 )
 def test_the_runtime_config_the_converter_writes_passes(runtime: str, config: dict[str, str | int]) -> None:
@@ -76,6 +77,7 @@ def test_the_runtime_config_the_converter_writes_passes(runtime: str, config: di
         (ORT_GENAI, {"session.intra_op.allow_spinning": 1}, 'takes "0" or "1"'),
         (ORT_GENAI, {"log_id": "../../x"}, "without path separators"),
         (ORT_GENAI, {"enable_cpu_mem_arena": 1}, "takes true or false"),
+        (ORT_GENAI, {"optimization.disable_specified_optimizers": "../x"}, "takes comma-separated optimizer names"),
         (OPENVINO_GENAI, {"EXTENSIONS": "/tmp/libevil.so"}, "'EXTENSIONS' loads native extension libraries"),
         (OPENVINO_GENAI, {"CONFIG_FILE": "/tmp/plugins.xml"}, "loads native plugins"),
         (OPENVINO_GENAI, {"CACHE_DIR": "/tmp/cache"}, "'CACHE_DIR' names a path"),
