@@ -104,3 +104,13 @@ def test_the_converters_bundle_passes_every_check_and_loads(
     model = LoadedModel(bundle_dir, manifest, 2)
     assert model.check_golden().passed
     model.close()
+
+
+def test_a_provider_its_profile_does_not_allow_is_refused_from_the_manifest_alone(
+    tinylm_bundles: TinylmBundles,
+) -> None:
+    manifest = tinylm_bundles.manifest("generic-x86-64")
+    check_manifest_paths(manifest)
+    elsewhere = manifest.model_copy(update={"providers": ["onnxruntime-genai:cpu", "onnxruntime-genai:cuda"]})
+    with pytest.raises(BundleError, match="'onnxruntime-genai:cuda' is not one profile generic-x86-64 allows"):
+        check_manifest_paths(elsewhere)
