@@ -34,6 +34,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from edgefleet.control.fleet.admission import Admission, AdmissionError
 from edgefleet.control.health import INGEST, INGEST_INTERVAL_S, LoopHealth
 from edgefleet.control.store import AlertRecord, Store
@@ -382,11 +384,11 @@ class Ingestor:
             if decoded is None:
                 continue
             try:
-                decoded = self.admission.admit(decoded)
+                decoded = self.admission.admit(decoded, arrived)
             except AdmissionError as err:
-                counts["invalid"] += 1
-                self._warn(device_id, "invalid", "refused a %s message from %s: %s", kind, safe_text(device_id),
-                           safe_text(err, 300))  # fmt: skip
+                counts[err.reason] += 1
+                self._warn(device_id, err.reason, "refused a %s message from %s (%s): %s", kind,
+                           safe_text(device_id), err.reason.replace("_", " "), safe_text(err, 300))  # fmt: skip
                 if not isinstance(decoded, DeviceStatus):
                     refused.append(decoded)
                 continue
@@ -427,9 +429,10 @@ class Ingestor:
         try:
             message = decode(kind, payload)
         except MessageError as err:
-            counts["malformed"] += 1
-            self._warn(device_id, "malformed", "dropped a malformed message on %s: %s", safe_text(topic),
-                       safe_text(err, 300))  # fmt: skip
+            reason = "out_of_range" if _out_of_range(err) else "malformed"
+            counts[reason] += 1
+            self._warn(device_id, reason, "dropped a %s message on %s: %s", reason.replace("_", " "),
+                       safe_text(topic), safe_text(err, 300))  # fmt: skip
             return None
         named = getattr(message, "device_id", None)
         if named != device_id:
@@ -468,3 +471,15 @@ class Ingestor:
         except Exception as err:
             self._unflushed.update(deltas)  # kept for the next flush
             self._warn("*", "counters", "cannot save the ingestion counters (kept for later): %s", err)
+
+
+# pydantic's error types of a number outside its bounds (edgefleet.core.messages: MAX_*, finite floats)
+_RANGE_ERRORS = frozenset({
+    "finite_number", "greater_than", "greater_than_equal", "less_than", "less_than_equal",
+})  # fmt: skip
+
+
+def _out_of_range(err: MessageError) -> bool:
+    """Whether a report was refused only for numbers outside their bounds (counted apart from malformed JSON)."""
+    cause = err.__cause__
+    return isinstance(cause, ValidationError) and all(e["type"] in _RANGE_ERRORS for e in cause.errors())
