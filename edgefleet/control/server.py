@@ -174,14 +174,21 @@ class ControlPlane:
     def _periodic(self, name: str, every_s: float, step: Callable[[], None]) -> None:
         """Run `step` every `every_s` until stopped; its `LoopHealth` records each success and each error."""
         health = self.loops[name]
+        logged: float | None = None
         while not self._stop.wait(every_s):
             try:
                 step()
             except Exception as err:  # the loop outlives its step: the next period tries again
                 health.failed(time.time(), f"{name}: {err}")
-                log.exception("%s failed", name)
+                if logged is None:  # the first failure with its traceback, then a line a minute at most
+                    log.exception("%s failed", name)
+                    logged = time.monotonic()
+                elif time.monotonic() - logged >= 60.0:
+                    log.warning("%s still fails: %s", name, safe_text(err, 300))
+                    logged = time.monotonic()
             else:
                 health.ticked(time.time())
+                logged = None
 
     def _quota_step(self) -> None:
         self.enforce_quota()

@@ -1,3 +1,9 @@
 -- PostgreSQL's count columns become BIGINT in this version (its 0010_counts_bigint.sql). SQLite's INTEGER already
--- stores 64-bit integers, so nothing changes here; the file keeps both dialects at the same schema version.
-SELECT 1;
+-- stores 64-bit integers, so no column changes here.
+-- Rows stored before ingest bounded numbers (issue 32) that lie outside those bounds are deleted: a report with
+-- a negative, infinite or absurd figure, or dated ahead of now (it would stay a device's latest for ever). The
+-- next report of such a device takes its place.
+DELETE FROM latest_telemetry WHERE requests < 0 OR requests > 4294967296 OR errors < 0 OR errors > 4294967296 OR latency_count < 0 OR latency_count > 4294967296 OR NOT (p50_ms BETWEEN 0 AND 3600000) OR NOT (p95_ms BETWEEN 0 AND 3600000) OR NOT (p99_ms BETWEEN 0 AND 3600000) OR NOT (golden_agreement BETWEEN 0 AND 1) OR NOT (golden_max_abs_error BETWEEN 0 AND 1e300) OR NOT (cpu_percent BETWEEN 0 AND 409600) OR NOT (rss_mb BETWEEN 0 AND 1073741824) OR NOT (temperature_c BETWEEN -100 AND 300) OR NOT (window_s BETWEEN 0 AND 604800) OR NOT (ts BETWEEN 0 AND CAST(strftime('%s', 'now') AS REAL) + 300);
+DELETE FROM telemetry WHERE requests < 0 OR requests > 4294967296 OR errors < 0 OR errors > 4294967296 OR latency_count < 0 OR latency_count > 4294967296 OR NOT (p50_ms BETWEEN 0 AND 3600000) OR NOT (p95_ms BETWEEN 0 AND 3600000) OR NOT (p99_ms BETWEEN 0 AND 3600000) OR NOT (golden_agreement BETWEEN 0 AND 1) OR NOT (golden_max_abs_error BETWEEN 0 AND 1e300) OR NOT (cpu_percent BETWEEN 0 AND 409600) OR NOT (rss_mb BETWEEN 0 AND 1073741824) OR NOT (temperature_c BETWEEN -100 AND 300) OR NOT (window_s BETWEEN 0 AND 604800) OR NOT (ts BETWEEN 0 AND CAST(strftime('%s', 'now') AS REAL) + 300);
+DELETE FROM telemetry_rollup WHERE requests < 0 OR errors < 0 OR reports < 0 OR NOT (p95_max BETWEEN 0 AND 3600000) OR NOT (p50_sum BETWEEN 0 AND 1e300) OR NOT (p95_sum BETWEEN 0 AND 1e300) OR NOT (golden_sum BETWEEN 0 AND 1e300) OR NOT (golden_min BETWEEN 0 AND 1);
+DELETE FROM telemetry_quality WHERE field_samples < 0 OR probe_requests < 0 OR golden_failed < 0 OR NOT (field_accuracy BETWEEN 0 AND 1) OR NOT (golden_min BETWEEN -1 AND 1) OR NOT (drift_max BETWEEN 0 AND 1e6) OR NOT (shadow_agreement BETWEEN -1 AND 1) OR NOT (ts BETWEEN 0 AND CAST(strftime('%s', 'now') AS REAL) + 300);
