@@ -252,7 +252,7 @@ class Telemetry(Message):
     ]
     cpu_percent: Annotated[float, Field(ge=0, le=MAX_CPU_PERCENT, allow_inf_nan=False)]
     rss_mb: Annotated[float, Field(ge=0, le=MAX_MB, allow_inf_nan=False)]
-    temperature_c: Annotated[float, Field(ge=-100, le=300, allow_inf_nan=False)] | None = None
+    temperature_c: Annotated[float, Field(ge=-273.15, le=1000, allow_inf_nan=False)] | None = None
     queue_depth: WindowCount = Field(default=0, description="inference requests waiting (MQTT and local API)")
     errors_by_kind: dict[str, WindowCount] = Field(default_factory=dict, description="refused/failed requests by kind")
     field_accuracy: Fraction | None = Field(
