@@ -18,8 +18,9 @@ device's own topics). Ingestion hands each message to `Admission` twice:
    `edgefleet.core.messages`, MAX_*; a report outside them is counted "out_of_range"). Here, what needs more than
    the message: its timestamp must lie within `Limits.max_future_s` ahead of and `Limits.max_age_s` behind the
    time it was received (a report dated 1e15 would otherwise stay a device's "latest" for ever, and one dated in
-   1970 lands in the oldest bucket), and its CPU under 100 × the cores its status names. Such a report is
-   refused ("out_of_range", `AdmissionError.reason`).
+   1970 lands in the oldest bucket; a status is only held to the first bound: it is retained, and a last will
+   carries the time its connection was made), and its CPU under 100 × the cores its status names. Such a report
+   is refused ("out_of_range", `AdmissionError.reason`).
 
 A refused message is acknowledged to the broker and never stored: a device that sends it again is refused
 again. Its number is still accounted for in the device's `StoredUpTo` (it will never be stored), so the
@@ -112,7 +113,9 @@ class Admission:
         ts = getattr(message, "ts", None)
         if received_at is not None and isinstance(ts, float):
             lim = self.limits
-            if not received_at - lim.max_age_s <= ts <= received_at + lim.max_future_s:
+            # A status may be old: it is retained, and the last will carries the time its connection was made.
+            oldest = float("-inf") if isinstance(message, DeviceStatus) else received_at - lim.max_age_s
+            if not oldest <= ts <= received_at + lim.max_future_s:
                 raise AdmissionError(
                     f"timestamp {ts!r} is {ts - received_at:+.0f} s from the time received: at most "
                     f"{lim.max_future_s:g} s ahead and {lim.max_age_s:g} s behind are accepted",

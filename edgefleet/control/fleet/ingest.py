@@ -23,6 +23,8 @@
   their grammar and free text cut; what is stored is the admitted copy.
 - A malformed message, telemetry from a device the registry does not know, or a payload whose device id
   differs from its topic's is counted, logged (once a minute per device) and dropped; nothing stops ingestion.
+  A report refused only for a number outside its bounds (non-finite, negative, past its range, dated far from
+  the time received: edgefleet/core/messages.py and admission.py) is counted apart, as `out_of_range`.
 """
 
 from __future__ import annotations

@@ -127,6 +127,14 @@ def test_a_report_is_admitted_only_when_dated_near_the_time_received(ts: float, 
     assert refused.value.reason == "out_of_range"
 
 
+def test_a_status_may_be_old_but_not_from_the_future() -> None:
+    """A retained status, or a last will made when its connection was, is old by nature; a future one is refused."""
+    old = DeviceStatus(device_id="d1", online=False, state="offline", ts=NOW - 90 * 86400)
+    assert Admission().admit(old, NOW) == old
+    with pytest.raises(AdmissionError, match="timestamp"):
+        Admission().admit(old.model_copy(update={"ts": NOW + 3600}), NOW)
+
+
 def test_cpu_is_bounded_by_the_cores_the_devices_status_names() -> None:
     gate = Admission()
     hardware = Hardware(arch="x86_64", os="linux", cpu_count=2, memory_mb=1024, hostname="h")
