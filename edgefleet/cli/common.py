@@ -134,6 +134,10 @@ def resolve(args: argparse.Namespace) -> None:
     apply_home(selected)
     for s in pending:
         value, _ = lookup(s, selected, getattr(args, "_identity", "operator"))
+        if s.dest == "store" and value and selected is not None and selected.context.password_file:
+            from edgefleet.control.store.url import with_password_file
+
+            value = with_password_file(value, selected.context.password_file)
         if s.choices and value is not None and value not in s.choices:
             raise UserInputError(f"{s.env}={value!r} is not one of {', '.join(s.choices)}")
         setattr(args, s.dest, Path(value) if (s.is_path and value is not None) else value)
@@ -247,7 +251,10 @@ def to_jsonable(value: Any) -> Any:
 
 
 def print_json(value: Any) -> None:
-    json.dump(to_jsonable(value), sys.stdout, indent=2)
+    """Strict JSON: a non-finite number (none should reach here: ingest refuses them) is printed as null."""
+    from edgefleet.core.untrusted import strict_json
+
+    json.dump(strict_json(to_jsonable(value)), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
 
 

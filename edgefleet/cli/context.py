@@ -14,14 +14,20 @@ The file is `$EDGEFLEET_CONFIG`, else `$EDGEFLEET_HOME/config.toml` (`~/.edgefle
     control_key = "/srv/edgefleet/pki/edgefleet-host.key"
     store = "sqlite:///srv/edgefleet/control.sqlite"
     home = "/srv/edgefleet"                   # EDGEFLEET_HOME: the keys (keys/), caches, the default store
+    password_file = "/srv/edgefleet/pg.pass"  # a PostgreSQL store's password, read when it opens (never printed)
 
 `EDGEFLEET_CONTEXT` (or `edgefleet --context NAME`) picks a context for one command; `edgefleet context use`
 changes the file's current one. A flag beats its variable, which beats the context, which beats the built-in
 default (see `edgefleet.cli.common.SETTINGS`).
+
+The file may hold secrets (a store URL's password, though `password_file`, PGPASSFILE or PGPASSWORD keep it out), so
+it is written 0600 in a folder made 0700, and every command that shows a store URL shows it redacted
+(edgefleet/control/store/url.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -42,7 +48,8 @@ CONFIG_ENV = "EDGEFLEET_CONFIG"
 CONTEXT_ENV = "EDGEFLEET_CONTEXT"
 
 # Context keys that hold a file or folder path (resolved against the file's folder when relative).
-PATH_KEYS = ("ca", "cert", "key", "control_cert", "control_key", "home")
+PATH_KEYS = ("ca", "cert", "key", "control_cert", "control_key", "home", "password_file")
+FILE_MODE, FOLDER_MODE = 0o600, 0o700
 
 
 class Context(BaseModel):
@@ -60,6 +67,9 @@ class Context(BaseModel):
     control_key: str | None = Field(None, description="`control serve`'s certificate's key")
     store: str | None = Field(None, description="control-plane store URL (sqlite:PATH or postgresql://...)")
     home: str | None = Field(None, description="EDGEFLEET_HOME: the key directory keys/, caches, default store")
+    password_file: str | None = Field(
+        None, description="a file holding the PostgreSQL store's password (one line), read when the store opens"
+    )
 
 
 class ConfigFile(BaseModel):
@@ -107,15 +117,26 @@ def load(path: Path | None = None) -> ConfigFile:
 
 
 def save(config: ConfigFile, path: Path | None = None) -> Path:
-    """Write the file atomically (a temporary file renamed over it)."""
+    """Write the file atomically (a temporary file renamed over it), 0600, in a folder that is 0700: only its owner
+    reads it. The folder is tightened when it is the edgefleet home or was just made (a folder named by
+    $EDGEFLEET_CONFIG that already exists keeps its mode)."""
     path = path or config_path()
     data: dict[str, object] = {}
     if config.current_context:
         data["current-context"] = config.current_context
     data["contexts"] = {name: ctx.model_dump(exclude_none=True) for name, ctx in sorted(config.contexts.items())}
-    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = path.parent
+    made = not folder.exists()
+    folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+    if made or folder.resolve() == edgefleet_home().resolve():
+        os.chmod(folder, FOLDER_MODE)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render(data))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(render(data))
+    os.chmod(tmp, FILE_MODE)  # whatever the umask
     os.replace(tmp, path)
     return path
 

@@ -247,7 +247,7 @@ def register_fleet_watch(verbs: argparse._SubParsersAction) -> None:
 def cmd_fleet_watch(args: argparse.Namespace) -> None:
     from edgefleet.control.fleet.status import FleetView
     from edgefleet.core.messages import Event, MessageError, decode
-    from edgefleet.core.untrusted import safe_text
+    from edgefleet.core.untrusted import safe_text, strict_json
 
     conn, topics = connect(args, "watch")
 
@@ -257,7 +257,9 @@ def cmd_fleet_watch(args: argparse.Namespace) -> None:
         except MessageError:
             return
         if args.json:
-            print(json.dumps({"type": "event", **event.model_dump(mode="json")}), flush=True)
+            print(
+                json.dumps(strict_json({"type": "event", **event.model_dump(mode="json")}), allow_nan=False), flush=True
+            )
         else:
             stamp = time.strftime("%H:%M:%S", time.localtime(event.ts))
             line = f"{event.device_id} {event.kind} {event.bundle_id or ''} {event.detail}"
@@ -273,7 +275,8 @@ def cmd_fleet_watch(args: argparse.Namespace) -> None:
             if args.json:
                 from edgefleet.cli.common import to_jsonable
 
-                print(json.dumps({"type": "fleet", "ts": time.time(), "devices": to_jsonable(rows)}), flush=True)
+                print(json.dumps(strict_json({"type": "fleet", "ts": time.time(), "devices": to_jsonable(rows)}),
+                             allow_nan=False), flush=True)  # fmt: skip
             else:
                 fleet_table(rows, title=f"fleet at {time.strftime('%H:%M:%S')}")
             shown += 1

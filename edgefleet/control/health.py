@@ -1,5 +1,7 @@
 """The health of the control plane's own loops: the rollout engine, the desired-state sync, the broker-rights sync
-(on the engine lease holder) and ingestion (on every instance that ingests).
+(on the engine lease holder), and ingestion, compaction (downsampling), retention (by age) and the per-device
+storage quota (on every instance that ingests). Compaction, retention and the quota are separate loops, so one
+failing (a report the store cannot sum, say) never skips another, and each is seen failing on its own.
 
 Each loop catches what one rollout or one device raises (that step fails, with the reason) and goes on; its
 `LoopHealth` is how an operator sees that it does, and that it still completes at all:
@@ -37,8 +39,10 @@ GONE_AFTER_S = 600.0  # an instance silent this long is gone (stopped without a 
 FORGET_AFTER_S = 86400.0  # rows of an instance silent this long are dropped
 
 ENGINE, DESIRED_SYNC, RIGHTS_SYNC, INGEST = "rollout-engine", "desired-sync", "rights-sync", "ingest"
+COMPACTION, RETENTION, QUOTA = "compaction", "retention", "store-quota"
 ENGINE_LOOPS = (ENGINE, DESIRED_SYNC, RIGHTS_SYNC)  # run on the engine lease holder only
-COMPONENTS = (*ENGINE_LOOPS, INGEST)  # ingest runs on every instance that ingests
+STORE_LOOPS = (COMPACTION, RETENTION, QUOTA)  # run beside ingestion, each in its own thread
+COMPONENTS = (*ENGINE_LOOPS, INGEST, *STORE_LOOPS)  # ingest and the store loops run on every instance that ingests
 INGEST_INTERVAL_S = 10.0  # ingest completes when a batch is stored or nothing waits: stalled when behind 30 s
 
 log = logging.getLogger(__name__)
@@ -206,14 +210,18 @@ class HealthBoard:
 
 
 __all__ = [
+    "COMPACTION",
     "COMPONENTS",
     "DESIRED_SYNC",
     "ENGINE",
     "ENGINE_LOOPS",
     "INGEST",
     "INGEST_INTERVAL_S",
+    "QUOTA",
+    "RETENTION",
     "RIGHTS_SYNC",
     "STALL_INTERVALS",
+    "STORE_LOOPS",
     "HealthBoard",
     "HealthSnapshot",
     "LoopHealth",

@@ -18,18 +18,23 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
 from edgefleet.control.broker.janitor import RetainedJanitor
+from edgefleet.control.dashboard.auth import trusted_proxies
 from edgefleet.control.dashboard.server import DashboardServer
 from edgefleet.control.desired.sync import DesiredPublisher
 from edgefleet.control.fleet.ingest import INGEST_IN_FLIGHT, Ingestor
 from edgefleet.control.health import (
+    COMPACTION,
     DESIRED_SYNC,
     ENGINE,
     INGEST,
     INGEST_INTERVAL_S,
+    QUOTA,
+    RETENTION,
     RIGHTS_SYNC,
     HealthBoard,
     LoopHealth,
@@ -60,6 +65,7 @@ class ControlConfig:
     http_host: str = "127.0.0.1"
     http_port: int | None = 8780
     http_tls: tuple[str, str] | None = None  # the dashboard's certificate and key: HTTPS
+    trusted_proxies: tuple[str, ...] = ()  # whose X-Forwarded-For the dashboard believes (--trusted-proxy)
     tick_s: float = 1.0
     sync_every_s: float = 5.0
     lease_ttl_s: float = 10.0
@@ -98,6 +104,9 @@ class ControlPlane:
             DESIRED_SYNC: LoopHealth(DESIRED_SYNC, config.sync_every_s, active=False, now=now),
             RIGHTS_SYNC: LoopHealth(RIGHTS_SYNC, config.sync_every_s, active=False, now=now),
             INGEST: LoopHealth(INGEST, INGEST_INTERVAL_S, now=now),
+            COMPACTION: LoopHealth(COMPACTION, config.compact_every_s, now=now),
+            RETENTION: LoopHealth(RETENTION, config.compact_every_s, now=now),
+            QUOTA: LoopHealth(QUOTA, config.quota_every_s, now=now),
         }
         self.publisher.rights_health = self.loops[RIGHTS_SYNC]
         self.engine = RolloutEngine(self.store, self.publisher, health=self.loops[ENGINE])
@@ -128,6 +137,7 @@ class ControlPlane:
                 self.config.http_port,
                 self.config.http_tls,
                 local_metrics=self.local_metrics,
+                trusted_proxies=trusted_proxies(self.config.trusted_proxies),
             ).start()
             log.info("dashboard on %s", self.dashboard.url)
         loops = [self.loops[ENGINE], self.loops[DESIRED_SYNC]] if self.config.engine else []
@@ -135,15 +145,70 @@ class ControlPlane:
             loops.append(self.loops[RIGHTS_SYNC])
         if self.ingestor is not None:
             loops.append(self.loops[INGEST])
+        steps = self._store_steps()
+        loops += [self.loops[name] for name in steps]
         if loops:
             board = self.health = HealthBoard(self.store, self.holder, loops)
             self._spawn("loop-health", lambda: board.run(self._stop))
         if self.config.engine:
             self._spawn("engine-lease", self._lease_loop)
             self._spawn("rollout-engine", self._engine_loop)
-        if self.config.ingest and self.config.compact_every_s > 0:
-            self._spawn("compaction", self._compact_loop)
+        for name, (every_s, step) in steps.items():
+            self._spawn(name, lambda name=name, every_s=every_s, step=step: self._periodic(name, every_s, step))
         return self
+
+    def _store_steps(self) -> dict[str, tuple[float, Callable[[], None]]]:
+        """The store's own loops, run beside ingestion, each in a thread of its own (a failing or slow one never
+        skips another): compaction (downsampling), retention by age, and the per-device quota."""
+        c = self.config
+        if not c.ingest or c.compact_every_s <= 0:
+            return {}
+        steps: dict[str, tuple[float, Callable[[], None]]] = {
+            COMPACTION: (c.compact_every_s, self.compact),
+            RETENTION: (c.compact_every_s, self.expire),
+        }
+        if c.device_store_bytes:
+            steps[QUOTA] = (c.quota_every_s, self._quota_step)
+        return steps
+
+    def _periodic(self, name: str, every_s: float, step: Callable[[], None]) -> None:
+        """Run `step` every `every_s` until stopped; its `LoopHealth` records each success and each error."""
+        health = self.loops[name]
+        logged: float | None = None
+        while not self._stop.wait(every_s):
+            try:
+                step()
+            except Exception as err:  # the loop outlives its step: the next period tries again
+                health.failed(time.time(), f"{name}: {err}")
+                if logged is None:  # the first failure with its traceback, then a line a minute at most
+                    log.exception("%s failed", name)
+                    logged = time.monotonic()
+                elif time.monotonic() - logged >= 60.0:
+                    log.warning("%s still fails: %s", name, safe_text(err, 300))
+                    logged = time.monotonic()
+            else:
+                health.ticked(time.time())
+                logged = None
+
+    def _quota_step(self) -> None:
+        self.enforce_quota()
+
+    def compact(self) -> None:
+        """Downsampling: raw reports past the raw retention summed into buckets."""
+        c = self.config
+        moved, deleted = self.store.downsample(time.time(), raw_retention_s=c.raw_retention_s, bucket_s=c.bucket_s)
+        if moved or deleted:
+            log.info("compaction: %d reports downsampled, %d raw rows deleted", moved, deleted)
+
+    def expire(self) -> None:
+        """Retention by age: buckets, events, quality rows and install evidence past their windows."""
+        c = self.config
+        rollups, events = self.store.expire(
+            time.time(), raw_retention_s=c.raw_retention_s, bucket_s=c.bucket_s,
+            rollup_retention_s=c.rollup_retention_s, event_retention_s=c.event_retention_s,
+        )  # fmt: skip
+        if rollups or events:
+            log.info("retention: %d buckets and %d events deleted", rollups, events)
 
     def _spawn(self, name: str, target: object) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
@@ -247,23 +312,6 @@ class ControlPlane:
                 engine.failed(time.time(), f"rollout engine tick: {err}")
                 log.exception("rollout engine tick failed")
             self._stop.wait(self.config.tick_s)
-
-    def _compact_loop(self) -> None:
-        last_quota = time.monotonic()
-        while not self._stop.wait(self.config.compact_every_s):
-            try:
-                c = self.config
-                result = self.store.compact(
-                    time.time(), raw_retention_s=c.raw_retention_s, bucket_s=c.bucket_s,
-                    rollup_retention_s=c.rollup_retention_s, event_retention_s=c.event_retention_s,
-                )  # fmt: skip
-                if result.downsampled_reports or result.deleted_rollups or result.deleted_events:
-                    log.info("compaction: %s", result)
-                if c.device_store_bytes and time.monotonic() - last_quota >= c.quota_every_s:
-                    last_quota = time.monotonic()
-                    self.enforce_quota()
-            except Exception:
-                log.exception("compaction failed")
 
     def enforce_quota(self) -> list[QuotaCut]:
         """Retention by bytes: cut each device holding more than `device_store_bytes` back (store/quota.py),

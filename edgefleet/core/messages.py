@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import base64
+import math
 import time
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from edgefleet.core.errors import EdgefleetError
 
@@ -50,14 +59,51 @@ def now() -> float:
     return round(time.time(), 3)
 
 
+# --- Bounds on the numbers a device reports (issue 32, item 5). A device is untrusted input: a number is refused
+# at the typed boundary unless it is finite and inside a range that makes sense for it, so no report that parses
+# can put Infinity into a JSON answer, overflow a sum in the store, or date itself into the far future. What needs
+# the time received or the device's own cores (timestamps within a skew, CPU under 100 × cores) is checked by the
+# control plane's admission (edgefleet/control/fleet/admission.py). Each report model refuses NaN and ±Infinity.
+MAX_COUNT = 2**53 - 1  # a counter that only grows (sequence numbers, bytes): exact as a double and a JSON number
+# A count over one report's window (requests, errors, tokens): the store sums a bucket's reports into 64-bit
+# integers, and 2^32 per report times the most reports one device can date into one bucket stays below 2^63.
+MAX_WINDOW_COUNT = 2**32
+MAX_MS = 3_600_000.0  # a latency or round trip: under an hour
+MAX_WINDOW_S = 7 * 86400.0  # a telemetry window: at most a week
+MAX_CORES = 4096
+MAX_CPU_PERCENT = 100.0 * MAX_CORES  # psutil's process CPU: up to 100 per core (admission checks the device's)
+MAX_MB = float(2**30)  # memory in MB (a petabyte)
+MAX_RATE = 1e9  # requests or tokens a second
+MAX_TS = 2**32  # a timestamp (seconds since the epoch) is below the year 2106 (admission: near the time received)
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+WindowCount = Annotated[int, Field(ge=0, le=MAX_WINDOW_COUNT)]
+Millis = Annotated[float, Field(ge=0, lt=MAX_MS, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Similarity = Annotated[float, Field(ge=-1, le=1, allow_inf_nan=False)]  # an agreement share or a cosine
+Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e300, le=1e300)]
+Timestamp = Annotated[float, Field(ge=0, lt=MAX_TS, allow_inf_nan=False)]
+
+
+def _no_figure(value: object) -> object:
+    """A figure the device could not compute (a golden check that failed reports an infinite error) is absent:
+    the wire has always carried it as null (pydantic writes a non-finite float so)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+# The report models (what a device sends) refuse NaN and Infinity in every float field, whatever its type says.
+_REPORT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
 DeviceState = Literal["starting", "idle", "downloading", "installing", "serving", "offline"]
 
 
 class Hardware(Message):
+    model_config = _REPORT
     arch: str
     os: str
-    cpu_count: int
-    memory_mb: int
+    cpu_count: int = Field(ge=1, le=MAX_CORES)
+    memory_mb: int = Field(ge=0, le=MAX_MB)
     hostname: str
 
 
@@ -76,10 +122,11 @@ class NativeCodeLoad(Message):
 class DeviceStatus(Message):
     """Retained on `devices/{id}/status`; the last will sets online=false."""
 
+    model_config = _REPORT
     device_id: str
     online: bool
     state: DeviceState
-    ts: float = Field(default_factory=now)
+    ts: Timestamp = Field(default_factory=now)
     agent_version: str = ""
     profile: str | None = None
     accepts_profiles: list[str] = Field(
@@ -113,10 +160,11 @@ class DeviceStatus(Message):
 
 
 class LatencySummary(Message):
-    count: int
-    p50_ms: float | None
-    p95_ms: float | None
-    p99_ms: float | None
+    model_config = _REPORT
+    count: WindowCount
+    p50_ms: Millis | None
+    p95_ms: Millis | None
+    p99_ms: Millis | None
 
 
 DriftBand = Literal["none", "moderate", "drift"]
@@ -125,20 +173,22 @@ DriftBand = Literal["none", "moderate", "drift"]
 class OutputScore(Message):
     """How one output compares with its reference, by the rule the manifest records for that output's kind."""
 
+    model_config = _REPORT
     output: str
     rule: OutputRule
-    score: float = Field(description="the rule's headline figure, higher is better (agreement share or cosine)")
+    score: Similarity = Field(description="the rule's headline figure, higher is better (agreement share or cosine)")
     passed: bool = Field(description="inside the manifest's tolerances")
-    detail: dict[str, float] = Field(default_factory=dict, description="other figures: sqnr_db, max_abs, top_k …")
+    detail: dict[str, Finite] = Field(default_factory=dict, description="other figures: sqnr_db, max_abs, top_k …")
 
 
 class GoldenTask(Message):
     """The bundle's task rule as the device's golden check applied it (edgefleet/core/quality/task_rule.py)."""
 
+    model_config = _REPORT
     metric: str = Field(description="the task metric the converter chose the recipe by, e.g. argmax-agreement")
     computable: bool = Field(description="False: the device cannot compute it; the per-output checks judged alone")
-    score: float | None = Field(default=None, description="the device's score on the golden set")
-    floor: float | None = Field(default=None, description="the least score that passes")
+    score: Finite | None = Field(default=None, description="the device's score on the golden set")
+    floor: Finite | None = Field(default=None, description="the least score that passes")
     passed: bool = True
 
 
@@ -146,85 +196,100 @@ class DriftScore(Message):
     """Drift of one input (or input channel) or output over the device's sliding window, against the bundle's
     reference statistics."""
 
+    model_config = _REPORT
     name: str = Field(description="input or output name; a channel is name[c]")
     kind: Literal["input", "output"]
-    psi: float
-    ks: float | None = None
+    psi: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+    ks: Fraction | None = None
     band: DriftBand
-    samples: int = Field(ge=0, description="live samples in the window behind this score")
+    samples: Count = Field(description="live samples in the window behind this score")
 
 
 class ShadowReport(Message):
     """A shadow bundle run on a sampled share of live requests, compared with the served one."""
 
+    model_config = _REPORT
     bundle_id: str
-    requests: int = Field(ge=0)
-    agreement: float | None = Field(description="worst per-output score; None until a request was mirrored")
+    requests: Count
+    agreement: Similarity | None = Field(description="worst per-output score; None until a request was mirrored")
     per_output: list[OutputScore] = Field(default_factory=list)
     latency: LatencySummary | None = None
-    dropped: int = Field(default=0, ge=0, description="requests not mirrored because of the CPU budget")
-    failures: int = Field(default=0, ge=0, description="mirrored requests the shadow failed to run")
+    dropped: Count = Field(default=0, description="requests not mirrored because of the CPU budget")
+    failures: Count = Field(default=0, description="mirrored requests the shadow failed to run")
 
 
 class LinkReport(Message):
     """The device's link as the agent counts it (agent/transfer/link.py): its cap and the bytes that crossed it."""
 
-    cap_bytes_per_s: int | None = Field(default=None, description="the byte-rate cap in force (None: no cap)")
-    bulk_bytes: int = Field(default=0, ge=0, description="bundle bytes received since the agent started")
-    report_bytes: int = Field(default=0, ge=0, description="report bytes published since the agent started")
-    clock_s: float = Field(default=0.0, description="the agent's monotonic clock when counted (rates = deltas)")
-    window: int | None = Field(default=None, description="requests in flight of the current download")
-    srtt_ms: float | None = Field(default=None, description="smoothed round trip of a block request")
+    model_config = _REPORT
+    cap_bytes_per_s: Count | None = Field(default=None, description="the byte-rate cap in force (None: no cap)")
+    bulk_bytes: Count = Field(default=0, description="bundle bytes received since the agent started")
+    report_bytes: Count = Field(default=0, description="report bytes published since the agent started")
+    clock_s: Annotated[float, Field(ge=0, le=MAX_COUNT, allow_inf_nan=False)] = Field(
+        default=0.0, description="the agent's monotonic clock when counted (rates = deltas)"
+    )
+    window: WindowCount | None = Field(default=None, description="requests in flight of the current download")
+    srtt_ms: Millis | None = Field(default=None, description="smoothed round trip of a block request")
 
 
 class GenerationStats(Message):
     """Generation over the telemetry window (a generative bundle's device): token latency and volume, and what was
     cut or refused. Names follow OpenTelemetry's gen_ai.server.* where it has them."""
 
-    streams: int = Field(default=0, ge=0, description="generations finished in the window (streamed or not)")
-    refused: int = Field(default=0, ge=0, description="generations refused: busy, over the token budget, bad input")
-    cut: int = Field(default=0, ge=0, description="generations ended early: client gone, a swap's drain ran out")
-    prompt_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
+    model_config = _REPORT
+    streams: WindowCount = Field(default=0, description="generations finished in the window (streamed or not)")
+    refused: WindowCount = Field(default=0, description="generations refused: busy, over the token budget, bad input")
+    cut: WindowCount = Field(default=0, description="generations ended early: client gone, a swap's drain ran out")
+    prompt_tokens: WindowCount = 0
+    output_tokens: WindowCount = 0
     ttft: LatencySummary | None = Field(
         default=None, description="time to first token (gen_ai.server.time_to_first_token)"
     )
     tpot: LatencySummary | None = Field(
         default=None, description="time per output token after the first (gen_ai.server.time_per_output_token)"
     )
-    tokens_per_s: float | None = Field(default=None, description="output tokens / decode time, over the window")
-    probe_streams: int = Field(default=0, ge=0, description="generations the agent ran on its golden prompts")
+    tokens_per_s: Annotated[float, Field(ge=0, le=MAX_RATE, allow_inf_nan=False)] | None = Field(
+        default=None, description="output tokens / decode time, over the window"
+    )
+    probe_streams: WindowCount = Field(default=0, description="generations the agent ran on its golden prompts")
 
 
 class Telemetry(Message):
+    """One telemetry window. Every number is bounded (see MAX_* above): counters are integers in [0, MAX_COUNT],
+    a window's counts in [0, MAX_WINDOW_COUNT], latencies in [0, MAX_MS), shares in [0, 1]; nothing is NaN or
+    infinite."""
+
+    model_config = _REPORT
     device_id: str
-    seq: int = Field(default=0, ge=0, description="per-device sequence shared with events; gaps mean loss")
-    ts: float = Field(default_factory=now)
+    seq: Count = Field(default=0, description="per-device sequence shared with events; gaps mean loss")
+    ts: Timestamp = Field(default_factory=now)
     bundle_id: str | None
     provider: str | None
-    window_s: float
-    requests: int
-    errors: int
-    throughput_rps: float
+    window_s: Annotated[float, Field(ge=0, le=MAX_WINDOW_S, allow_inf_nan=False)]
+    requests: WindowCount
+    errors: WindowCount
+    throughput_rps: Annotated[float, Field(ge=0, le=MAX_RATE, allow_inf_nan=False)]
     latency: LatencySummary
-    golden_agreement: float | None = Field(description="share of golden inputs agreeing with the FP32 reference")
-    golden_max_abs_error: float | None
-    cpu_percent: float
-    rss_mb: float
-    temperature_c: float | None = None
-    queue_depth: int = Field(default=0, description="inference requests waiting (MQTT and local API)")
-    errors_by_kind: dict[str, int] = Field(default_factory=dict, description="refused/failed requests by kind")
-    field_accuracy: float | None = Field(
+    golden_agreement: Fraction | None = Field(description="share of golden inputs agreeing with the FP32 reference")
+    golden_max_abs_error: Annotated[
+        Annotated[float, Field(ge=0, le=1e300, allow_inf_nan=False)] | None, BeforeValidator(_no_figure)
+    ]
+    cpu_percent: Annotated[float, Field(ge=0, le=MAX_CPU_PERCENT, allow_inf_nan=False)]
+    rss_mb: Annotated[float, Field(ge=0, le=MAX_MB, allow_inf_nan=False)]
+    temperature_c: Annotated[float, Field(ge=-273.15, le=1000, allow_inf_nan=False)] | None = None
+    queue_depth: WindowCount = Field(default=0, description="inference requests waiting (MQTT and local API)")
+    errors_by_kind: dict[str, WindowCount] = Field(default_factory=dict, description="refused/failed requests by kind")
+    field_accuracy: Fraction | None = Field(
         default=None, description="share of correct answers among those an application gave the true label for"
     )
-    field_samples: int = Field(default=0, description="feedbacks behind field_accuracy")
-    spool_depth: int = Field(default=0, description="reports waiting on the device for the broker")
-    spool_dropped: int = Field(default=0, description="reports dropped (oldest first) since the device started")
+    field_samples: WindowCount = Field(default=0, description="feedbacks behind field_accuracy")
+    spool_depth: Count = Field(default=0, description="reports waiting on the device for the broker")
+    spool_dropped: Count = Field(default=0, description="reports dropped (oldest first) since the device started")
     golden_scores: list[OutputScore] = Field(default_factory=list, description="per-output golden-set scores")
     golden_task: GoldenTask | None = Field(default=None, description="the task rule's score on the golden set")
     drift: list[DriftScore] = Field(default_factory=list, description="per input/output drift over the window")
     shadow: ShadowReport | None = None
-    probe_requests: int = Field(default=0, ge=0, description="requests the agent generated from its golden set")
+    probe_requests: WindowCount = Field(default=0, description="requests the agent generated from its golden set")
     link: LinkReport | None = Field(default=None, description="the link's cap and byte counters")
     generation: GenerationStats | None = Field(default=None, description="generative bundles: token figures")
 
@@ -247,16 +312,18 @@ EventKind = Literal[
 
 
 class Event(Message):
+    model_config = _REPORT
     device_id: str
     kind: EventKind
-    seq: int = Field(default=0, ge=0)
-    ts: float = Field(default_factory=now)
+    seq: Count = 0
+    ts: Timestamp = Field(default_factory=now)
     bundle_id: str | None = None
     detail: str = ""
-    progress: float | None = Field(default=None, ge=0, le=1)
+    progress: Fraction | None = None
     dropped_through: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_COUNT,
         description="on a `reports-dropped` event: the device's full spool dropped reports, the newest of them "
         "numbered this; every report with seq <= dropped_through that the control plane has not stored is lost "
         "for good and will never be sent (again), so the host may count its contiguous run past it",
@@ -284,7 +351,7 @@ class StoredUpTo(Message):
     acknowledged that is not covered after a while, and never one that is."""
 
     device_id: str
-    up_to: int = Field(ge=0, description="the highest sequence number up to which every report is stored")
+    up_to: Count = Field(description="the highest sequence number up to which every report is stored")
     ts: float = Field(default_factory=now)
 
 

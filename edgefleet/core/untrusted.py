@@ -14,6 +14,7 @@ device strings through `safe_text` too. One helper, used everywhere a device str
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from typing import Any
@@ -51,7 +52,10 @@ def markup_safe(value: object, limit: int = MAX_SHOWN) -> str:
 
 
 def safe_json(value: Any, limit: int = MAX_SHOWN) -> Any:
-    """A JSON-able value with every string in it (keys too) passed through `safe_text`."""
+    """A JSON-able value with every string in it (keys too) passed through `safe_text`, and every non-finite
+    float (NaN, ±Infinity, which strict JSON has no word for) made null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, str):
         return safe_text(value, limit)
     if isinstance(value, dict):
@@ -61,4 +65,17 @@ def safe_json(value: Any, limit: int = MAX_SHOWN) -> Any:
     return value
 
 
-__all__ = ["MAX_SHOWN", "markup_safe", "safe_json", "safe_text"]
+def strict_json(value: Any) -> Any:
+    """A JSON-able value with every non-finite float made null (strings untouched): what `json.dumps(...,
+    allow_nan=False)` then writes is strict JSON, parsed by every client (issue 32: `Infinity` in one device's
+    report made the fleet's JSON unreadable)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
+__all__ = ["MAX_SHOWN", "markup_safe", "safe_json", "safe_text", "strict_json"]

@@ -31,6 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--http", default="127.0.0.1:8780", help="dashboard address HOST:PORT, or 'off'")
     serve.add_argument("--http-cert", type=Path, help="serve the dashboard over HTTPS with this certificate chain")
     serve.add_argument("--http-key", type=Path, help="the private key of --http-cert")
+    serve.add_argument(
+        "--trusted-proxy", action="append", default=[], metavar="ADDRESS",
+        help="a reverse proxy (address or network) whose X-Forwarded-For names the dashboard's client (repeatable); "
+        "from any other peer the header is ignored and the throttle and the audit use the peer's address",
+    )  # fmt: skip
     serve.add_argument("--instance", default="main", help="this process's name (MQTT client id, lease holder)")
     serve.add_argument("--share-group", default="edgefleet", help="shared-subscription group; '' subscribes plainly")
     serve.add_argument(
@@ -73,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_control_serve(args: argparse.Namespace) -> None:
     from edgefleet.control.dashboard.auth import bind_warning
     from edgefleet.control.server import ControlConfig, ControlPlane
+    from edgefleet.control.store.url import redacted
     from edgefleet.core.topics import check_segment
 
     host, port = _http(args.http)
@@ -88,6 +94,7 @@ def cmd_control_serve(args: argparse.Namespace) -> None:
         broker=args.broker, store_url=args.store, prefix=args.prefix, protocol=args.protocol, tls=tls_,
         instance=args.instance, share_group=args.share_group or None, ingest=not args.no_ingest,
         engine=not args.no_engine, http_host=host, http_port=port, http_tls=tls, tick_s=args.tick,
+        trusted_proxies=tuple(args.trusted_proxy),
         lease_ttl_s=args.lease_ttl,
         raw_retention_s=args.raw_retention, bucket_s=args.bucket, rollup_retention_s=args.rollup_retention,
         event_retention_s=args.event_retention, session_expiry_s=int(args.session_expiry),
@@ -100,7 +107,7 @@ def cmd_control_serve(args: argparse.Namespace) -> None:
     plane = ControlPlane(config).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: plane.request_stop())
-    parts = [f"control plane {args.instance} on {args.broker}, store {args.store}"]
+    parts = [f"control plane {args.instance} on {args.broker}, store {redacted(args.store)}"]
     if plane.dashboard_url:
         parts.append(f"dashboard {plane.dashboard_url}")
     print("; ".join(parts), flush=True)

@@ -1,7 +1,8 @@
 """`edgefleet control status`: the control plane's own health, from the store (any instance, any machine).
 
 Who holds the engine lease, and each instance's loops (the rollout engine, the desired-state sync, the
-broker-rights sync): when each last completed, its errors in the last minute and the last one, judged by one rule
+broker-rights sync, ingestion, compaction, retention and the store quota): when each last completed, its errors in
+the last minute and the last one (with when it happened), judged by one rule
 (edgefleet/control/health.py): *stalled* after 3 intervals without completing, *failing* with errors in the last
 minute, *gone* when an instance stopped without a clean exit (not counted). Exit status 0 when the engine runs
 and no loop has stalled or is failing, 1 otherwise.
@@ -46,11 +47,14 @@ def cmd_control_status(args: argparse.Namespace) -> int:
     )
     print_table(
         "loops",
-        ["instance", "loop", "state", "last completed", "errors/min", "detail"],
+        ["instance", "loop", "state", "last completed", "errors/min", "last error", "detail"],
         [
             (r["instance"], r["component"], r["state"],
              f"{now - float(r['last_tick']):.1f} s ago" if r["last_tick"] is not None else "never",  # type: ignore[arg-type]
-             r["errors_per_min"], safe_text(str(r["detail"]), 200))
+             r["errors_per_min"],
+             f"{now - float(r['last_error_at']):.0f} s ago: {safe_text(str(r['last_error']), 120)}"  # type: ignore[arg-type]
+             if r["last_error_at"] is not None else "-",
+             safe_text(str(r["detail"]), 200))
             for r in report
         ],
     )  # fmt: skip

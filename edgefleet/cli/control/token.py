@@ -22,8 +22,9 @@ def register_token(verbs: argparse._SubParsersAction) -> None:
     token.add_argument("--revoke", metavar="NAME", help="revoke this name's token (its sessions end at once)")
     token.add_argument(
         "--login-url", metavar="URL", nargs="?", const="http://127.0.0.1:8780/",
-        help="print a link that logs a browser in with the new token (the dashboard's address, default "
-        "http://127.0.0.1:8780/); give such a token a short --ttl: the link holds it",
+        help="also print a link that logs a browser in under the new token (the dashboard's address, default "
+        "http://127.0.0.1:8780/): the link holds a one-time code that ends at its first use or in 5 minutes, "
+        "never the token, so it may be passed to a browser on its command line",
     )  # fmt: skip
     add_store(token)
     add_json(token)
@@ -33,6 +34,7 @@ def register_token(verbs: argparse._SubParsersAction) -> None:
 def cmd_control_token(args: argparse.Namespace) -> None:
     from edgefleet.control.dashboard.auth import issue_token
     from edgefleet.control.operations import Operator, audited
+    from edgefleet.control.store.url import redacted
 
     store = open_from(args)
     try:
@@ -60,24 +62,28 @@ def cmd_control_token(args: argparse.Namespace) -> None:
             return
         with audited(store, who, "token.issue", args.name, ttl_s=args.ttl):
             secret = issue_token(store, args.name, args.ttl)
+        link = None
+        if args.login_url:
+            from urllib.parse import quote
+
+            from edgefleet.control.dashboard.auth import new_login_link
+
+            link = f"{args.login_url.rstrip('/')}/login?code={quote(new_login_link(store, secret))}"
     finally:
         store.close()
-    link = None
-    if args.login_url:
-        from urllib.parse import quote
-
-        link = f"{args.login_url.rstrip('/')}/login?token={quote(secret)}"
     if args.json:
-        print_json({"name": args.name, "token": secret, "store": args.store} | ({"login_url": link} if link else {}))
+        print_json(
+            {"name": args.name, "token": secret, "store": redacted(args.store)} | ({"login_url": link} if link else {})
+        )
     elif link:
         print(link)
-        print(f"(a login link for {args.name!r}: it holds the token, shown once; it works until the token expires)",
+        print(f"(a login link for {args.name!r}: it works once, within 5 minutes; the token itself is not shown)",
               file=sys.stderr)  # fmt: skip
     else:
         print(secret)
         print(
-            f"(token for {args.name!r}, shown once; the store {args.store} keeps only its sha256. Log in to the "
-            "dashboard with it, or send it as 'Authorization: Bearer TOKEN'.)",
+            f"(token for {args.name!r}, shown once; the store {redacted(args.store)} keeps only its sha256. Log in "
+            "to the dashboard with it, or send it as 'Authorization: Bearer TOKEN'.)",
             file=sys.stderr,
         )
 

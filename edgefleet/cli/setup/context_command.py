@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from edgefleet.cli import context as context_file
@@ -21,7 +22,17 @@ _KEYS = (
     ("control_key", "--control-key", "its private key"),
     ("store", "--store", "control-plane store URL"),
     ("home", "--home", "EDGEFLEET_HOME for this context: the keys (keys/), caches, the default store"),
+    ("password_file", "--password-file", "a file holding the PostgreSQL store's password (keeps it out of the URL)"),
 )
+
+
+def _shown(key: str, value: str | None) -> str | None:
+    """A value as printed: a store URL with its password redacted."""
+    if key == "store" and value:
+        from edgefleet.control.store.url import redacted
+
+        return redacted(value)
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +74,10 @@ def cmd_list(args: argparse.Namespace) -> None:
             {
                 "file": path,
                 "current": config.current_context,
-                "contexts": {n: c.model_dump(exclude_none=True) for n, c in config.contexts.items()},
+                "contexts": {
+                    n: {k: _shown(k, v) for k, v in c.model_dump(exclude_none=True).items()}
+                    for n, c in config.contexts.items()
+                },
             }
         )
         return
@@ -74,7 +88,7 @@ def cmd_list(args: argparse.Namespace) -> None:
         f"contexts in {path}",
         ["", "name", "broker", "store", "home"],
         [
-            ("*" if name == config.current_context else "", name, c.broker, c.store, c.home)
+            ("*" if name == config.current_context else "", name, c.broker, _shown("store", c.store), c.home)
             for name, c in sorted(config.contexts.items())
         ],
     )
@@ -85,11 +99,11 @@ def cmd_show(args: argparse.Namespace) -> None:
     rows = []
     for s in SETTINGS.values():
         value, source = lookup(s, selected)
-        rows.append((s.flag, s.env, value, source))
+        rows.append((s.flag, s.env, _shown(s.dest, value), source))
     value, source = _home(selected)
     rows.append(("-", "EDGEFLEET_HOME", value, source))
     if selected is not None:
-        for key in ("control_cert", "control_key"):
+        for key in ("control_cert", "control_key", "password_file"):
             value = getattr(selected.context, key)
             if value:
                 rows.append(("(control serve)", "-", value, f"context {selected.name} ({key})"))
@@ -156,6 +170,16 @@ def cmd_set(args: argparse.Namespace) -> None:
         value = getattr(context, key)
         if value and not Path(value).is_file():
             raise UserInputError(f"--{key.replace('_', '-')} {value}: no such file")
+    if context.store:
+        from edgefleet.control.store.url import has_password
+
+        if has_password(context.store):
+            print(
+                f"warning: the store URL of context {args.name} holds a password; it is kept in {path} (0600) and "
+                "shown redacted, but a password on a command line is seen in `ps`: prefer --password-file FILE, "
+                "PGPASSFILE or PGPASSWORD (docs/scale-out.md)",
+                file=sys.stderr,
+            )
     contexts = {**config.contexts, args.name: context}
     current_name = args.name if (args.use or not config.current_context) else config.current_context
     context_file.save(config.model_copy(update={"contexts": contexts, "current_context": current_name}), path)

@@ -97,7 +97,8 @@ class Response:
 
 def _json(value: Any, status: int = HTTPStatus.OK) -> Response:
     # Device strings (last error, event details in rollout reasons) reach the page: one line, capped.
-    body = json.dumps(safe_json(value, DASHBOARD_TEXT_LIMIT), default=str).encode()
+    # ... and every number is finite: the answer is strict JSON (safe_json makes NaN and Infinity null).
+    body = json.dumps(safe_json(value, DASHBOARD_TEXT_LIMIT), default=str, allow_nan=False).encode()
     return Response(int(status), body, "application/json")
 
 
@@ -231,6 +232,8 @@ class Dashboard:
         try:
             if parts == ["healthz"]:
                 return Response(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
+            if parts == ["login"] and "code" in parse_qs(url.query):
+                return self._login_code(req, parse_qs(url.query)["code"][0])
             if parts == ["login"] and "token" in parse_qs(url.query):
                 return self._login_link(req, parse_qs(url.query)["token"][0])
             if parts == ["login"]:
@@ -324,6 +327,22 @@ class Dashboard:
             record_refusal(self.store, Operator("anonymous", "dashboard", req.remote), "login", "-", "cross-site link")
             return _error(HTTPStatus.FORBIDDEN, "a login link works when opened directly, not from another site")
         return self._start_session(req, token.strip(), {"via": "link"})
+
+    def _login_code(self, req: Request, code: str) -> Response:
+        """`GET /login?code=…` (`edgefleet control token --login-url`): a one-time code, not the token, so the link
+        is harmless once used (auth.new_login_link). Refused from another site, as `_login_link` is."""
+        if (req.header("sec-fetch-site") or "none") not in ("none", "same-origin"):
+            record_refusal(self.store, Operator("anonymous", "dashboard", req.remote), "login", "-", "cross-site link")
+            return _error(HTTPStatus.FORBIDDEN, "a login link works when opened directly, not from another site")
+        try:
+            record, session, _ = auth.redeem_login_link(self.store, code.strip())
+        except auth.AuthError as err:
+            wait = self._failed(req, "login", err.reason)
+            return self._too_many(req, wait) if wait else _redirect("/login?failed=1")
+        self.throttle.succeeded(req.remote)
+        self.store.add_audit(AuditEntry(time.time(), f"token:{record.name}", "login", "-", "ok", {"via": "link"},
+                                        "dashboard", req.remote))  # fmt: skip
+        return _redirect("/", cookie=self._session_cookie(session, int(auth.SESSION_TTL_S)))
 
     def _start_session(self, req: Request, token: str, detail: dict[str, str]) -> Response:
         try:

@@ -17,6 +17,9 @@ throttle on failed attempts. No I/O here but the store.
   failures are answered 429 with Retry-After, a backoff that doubles per failure up to `MAX_BACKOFF_S`, and the
   audit trail gets one row per source per minute with the count, not one per attempt. A valid token still works
   (app.py says why).
+- The source address is the TCP peer's. `X-Forwarded-For` is read only when the peer is a proxy the operator
+  named (`control serve --trusted-proxy`, `client_address`): anyone else can write that header, and a throttle
+  keyed on it would let each guess claim a new source (issue 32).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 
@@ -50,6 +53,41 @@ class AuthError(Exception):
     def __init__(self, status: int, reason: str, *, retry_after: float = 0.0) -> None:
         super().__init__(reason)
         self.status, self.reason, self.retry_after = status, reason, retry_after
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def trusted_proxies(values: Iterable[str]) -> tuple[Network, ...]:
+    """The operator's `--trusted-proxy` values (an address or a network, e.g. 10.0.0.7 or 10.0.0.0/24)."""
+    out = []
+    for value in values:
+        try:
+            out.append(ipaddress.ip_network(value.strip(), strict=False))
+        except ValueError as err:
+            raise UserInputError(f"--trusted-proxy {value!r} is not an IP address or network: {err}") from err
+    return tuple(out)
+
+
+def _trusted(address: str, proxies: Sequence[Network]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.strip().strip("[]"))
+    except ValueError:
+        return False
+    return any(ip in net for net in proxies)
+
+
+def client_address(peer: str, forwarded_for: str | None, proxies: Sequence[Network]) -> str:
+    """Who a request comes from: the TCP peer, unless the peer is a trusted proxy; then the right-most address in
+    `X-Forwarded-For` that is not itself a trusted proxy (the proxy appends the address it saw; whatever is to the
+    left of it the client wrote, and may be anything). A malformed entry there is taken as is, never skipped."""
+    if not forwarded_for or not _trusted(peer, proxies):
+        return peer
+    hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not _trusted(hop, proxies):
+            return hop[:64]
+    return hops[0][:64] if hops else peer
 
 
 def hash_token(token: str) -> str:
@@ -88,6 +126,40 @@ def new_session(store: Operator, token: str, now: float | None = None) -> tuple[
     session_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     store.put_session(DashboardSession(hash_token(session_id), hash_token(token), csrf, now, now + SESSION_TTL_S))
     return session_id, csrf
+
+
+LINK_TTL_S = 300.0  # a login link's code works once, within this long
+_LINK = "login-link"  # the CSRF field of a link code's row: marks it a code, never a session
+
+
+def new_login_link(store: Operator, token: str, now: float | None = None) -> str:
+    """A one-time code for a login link (`control token --login-url`): the link holds this code, never the
+    token, so a link passed on a command line (a browser's argv, a shell history) gives away a code that ends at
+    its first use or after `LINK_TTL_S`, not a live token. Kept as a short dashboard-session row marked `_LINK`."""
+    now = time.time() if now is None else now
+    authenticate(store, token, now)
+    code = secrets.token_urlsafe(32)
+    store.put_session(DashboardSession(hash_token(code), hash_token(token), _LINK, now, now + LINK_TTL_S))
+    return code
+
+
+def redeem_login_link(store: Operator, code: str, now: float | None = None) -> tuple[ApiToken, str, str]:
+    """Trade a link's code for a session (once): (the token, cookie value, CSRF token); AuthError(401) when the
+    code is unknown, used or expired."""
+    now = time.time() if now is None else now
+    if len(code) > 128:
+        raise AuthError(401, "malformed login link")
+    record = store.session(hash_token(code))
+    if record is None or record.csrf != _LINK:
+        raise AuthError(401, "unknown login link")
+    if not record.valid(now) or not store.revoke_session(record.id_hash, now):
+        raise AuthError(401, "the login link was used or expired; make a new one (edgefleet control token)")
+    token = store.token_by_hash(record.token_hash)
+    if token is None or not token.valid(now):
+        raise AuthError(401, "the login link's token was revoked, replaced or expired")
+    session_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    store.put_session(DashboardSession(hash_token(session_id), record.token_hash, csrf, now, now + SESSION_TTL_S))
+    return token, session_id, csrf
 
 
 def end_session(store: Operator, cookie_header: str | None, now: float | None = None) -> bool:
@@ -137,7 +209,7 @@ def caller(store: Operator, authorization: str | None, cookie_header: str | None
     if len(session) > 128:
         raise AuthError(401, "malformed session cookie; log in again")
     record = store.session(hash_token(session))
-    if record is None:
+    if record is None or record.csrf == _LINK:  # a link's code is traded at /login, never a session itself
         raise AuthError(401, "unknown session; log in again")
     if not record.valid(now):
         ended = "ended at logout" if record.revoked_at else "expired"

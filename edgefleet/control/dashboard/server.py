@@ -113,8 +113,11 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
 class _Asgi:
     """The ASGI application: reads the request (bounded), answers it on the worker pool."""
 
-    def __init__(self, dashboard: Dashboard, pool: concurrent.futures.ThreadPoolExecutor) -> None:
-        self.dashboard, self.pool = dashboard, pool
+    def __init__(
+        self, dashboard: Dashboard, pool: concurrent.futures.ThreadPoolExecutor,
+        proxies: tuple[auth.Network, ...] = (),
+    ) -> None:  # fmt: skip
+        self.dashboard, self.pool, self.proxies = dashboard, pool, proxies
         self._queued = 0
         self._lock = threading.Lock()
 
@@ -150,7 +153,8 @@ class _Asgi:
         target = scope["raw_path"].decode("latin-1") + (
             "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else ""
         )
-        request = Request(scope["method"], target, headers, body, str(client[0]))
+        remote = auth.client_address(str(client[0]), headers.get("x-forwarded-for"), self.proxies)
+        request = Request(scope["method"], target, headers, body, remote)
         with self._lock:
             if self._queued >= MAX_QUEUED + WORKERS:
                 busy = True
@@ -189,8 +193,11 @@ class DashboardServer:
         tls: tuple[str, str] | None = None,
         *,
         local_metrics: Callable[[], Mapping[str, float]] | None = None,
+        trusted_proxies: tuple[auth.Network, ...] = (),
     ) -> None:
         """`tls`: (certificate chain, private key) files to serve HTTPS (cookies are then `Secure`).
+        `trusted_proxies`: the proxies whose `X-Forwarded-For` names the client (auth.client_address); from any
+        other peer the header is ignored. uvicorn's own proxy-header handling (which trusts 127.0.0.1) is off.
         `local_metrics`: this process's own gauges for /metrics (the control plane's ingest backlog)."""
         self.dashboard = Dashboard(store, secure=tls is not None, local_metrics=local_metrics)
         self.closed: Counter[str] = Counter()
@@ -206,7 +213,8 @@ class DashboardServer:
             self._socket.close()
             raise UserInputError(f"the dashboard cannot listen on {host}:{port}: {err}") from err
         config = uvicorn.Config(
-            _Asgi(self.dashboard, self._pool), http=protocol, lifespan="off", log_config=None, access_log=False,
+            _Asgi(self.dashboard, self._pool, trusted_proxies), http=protocol, proxy_headers=False,
+            forwarded_allow_ips=[], lifespan="off", log_config=None, access_log=False,
             timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=MAX_CONNECTIONS, backlog=2048,
             h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=2, server_header=False,
             ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None,

@@ -14,6 +14,13 @@ device's own topics). Ingestion hands each message to `Admission` twice:
    and maps are capped, and free text (event details, last errors, provider notes) is cut to
    `Limits.max_text`. An identifier that breaks its grammar refuses the whole message ("invalid", with the
    reason); over-long text is cut, never refused. What is stored is the admitted copy.
+   Numbers: the message types bound every number where it is parsed (finite, in a range that makes sense:
+   `edgefleet.core.messages`, MAX_*; a report outside them is counted "out_of_range"). Here, what needs more than
+   the message: its timestamp must lie within `Limits.max_future_s` ahead of and `Limits.max_age_s` behind the
+   time it was received (a report dated 1e15 would otherwise stay a device's "latest" for ever, and one dated in
+   1970 lands in the oldest bucket; a status is only held to the first bound: it is retained, and a last will
+   carries the time its connection was made), and its CPU under 100 × the cores its status names. Such a report
+   is refused ("out_of_range", `AdmissionError.reason`).
 
 A refused message is acknowledged to the broker and never stored: a device that sends it again is refused
 again. Its number is still accounted for in the device's `StoredUpTo` (it will never be stored), so the
@@ -34,10 +41,16 @@ M = TypeVar("M", bound=Message)
 
 # Output, input and drift names (`name[c]` for a channel), error kinds: what ONNX graphs name tensors with.
 _NAME = re.compile(r"^[A-Za-z0-9_.:/\-\[\]]{1,128}$")
+CPU_SLACK = 1.05  # psutil's process CPU over a short interval can read a little above 100 × cores
 
 
 class AdmissionError(ValueError):
-    """A message that breaks the boundary's rules; the reason names the field."""
+    """A message that breaks the boundary's rules; the message names the field, `reason` is the counter's name
+    ("invalid": an identifier or a list; "out_of_range": a number)."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class Limits:
     max_items: int = 64  # groups, providers, golden scores, error kinds, an output's figures
     max_drift: int = 512  # drift scores per report (inputs and outputs, per channel)
     alert_every_s: float = 60.0
+    max_future_s: float = 300.0  # a report dated further ahead of the time received is refused (clock skew)
+    max_age_s: float = 7 * 86400.0  # ... and one dated further behind (a spool re-sends at most this old)
 
 
 @dataclass
@@ -65,6 +80,7 @@ class Admission:
     limits: Limits = field(default_factory=Limits)
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
     _alerted: dict[str, float] = field(default_factory=dict)
+    _cores: dict[str, int] = field(default_factory=dict)  # device -> the CPU count its last admitted status named
 
     def budget(self, device_id: str, size: int, now: float) -> str | None:
         """None when the message may be decoded; else why not ("oversized", "over-budget")."""
@@ -91,8 +107,20 @@ class Admission:
         self._alerted[device_id] = now
         return True
 
-    def admit(self, message: M) -> M:
-        """The admitted copy of a decoded device message, or AdmissionError."""
+    def admit(self, message: M, received_at: float | None = None) -> M:
+        """The admitted copy of a decoded device message, or AdmissionError. `received_at`: when it arrived (its
+        timestamp must lie near it; None skips that check)."""
+        ts = getattr(message, "ts", None)
+        if received_at is not None and isinstance(ts, float):
+            lim = self.limits
+            # A status may be old: it is retained, and the last will carries the time its connection was made.
+            oldest = float("-inf") if isinstance(message, DeviceStatus) else received_at - lim.max_age_s
+            if not oldest <= ts <= received_at + lim.max_future_s:
+                raise AdmissionError(
+                    f"timestamp {ts!r} is {ts - received_at:+.0f} s from the time received: at most "
+                    f"{lim.max_future_s:g} s ahead and {lim.max_age_s:g} s behind are accepted",
+                    "out_of_range",
+                )
         if isinstance(message, Telemetry):
             return self._telemetry(message)  # type: ignore[return-value]
         if isinstance(message, Event):
@@ -122,6 +150,7 @@ class Admission:
         }
         if s.hardware is not None:
             _segment("hostname", s.hardware.hostname)
+            self._cores[s.device_id] = s.hardware.cpu_count
             update["hardware"] = s.hardware.model_copy(
                 update={"arch": _text(s.hardware.arch, 64), "os": _text(s.hardware.os, 128)}
             )
@@ -129,6 +158,13 @@ class Admission:
 
     def _telemetry(self, t: Telemetry) -> Telemetry:
         lim = self.limits
+        cores = self._cores.get(t.device_id)
+        if cores is not None and t.cpu_percent > CPU_SLACK * 100.0 * cores:
+            raise AdmissionError(
+                f"cpu_percent {t.cpu_percent:g} is over 100 × the {cores} cores the device's status names (with "
+                f"{CPU_SLACK - 1:.0%} for sampling jitter)",
+                "out_of_range",
+            )
         _segment("bundle id", t.bundle_id)
         _count("error kinds", t.errors_by_kind, lim.max_items)
         for kind in t.errors_by_kind:
@@ -194,7 +230,9 @@ def _generation(g: GenerationStats) -> None:
             figures |= {f"{name} p50": summary.p50_ms, f"{name} p95": summary.p95_ms, f"{name} p99": summary.p99_ms}
     for name, value in figures.items():
         if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_FIGURE):
-            raise AdmissionError(f"generation {name} {value!r}: a finite figure in [0, {MAX_FIGURE:g}] is expected")
+            raise AdmissionError(
+                f"generation {name} {value!r}: a finite figure in [0, {MAX_FIGURE:g}] is expected", "out_of_range"
+            )
 
 
 def _text(value: str | None, most: int) -> str | None:

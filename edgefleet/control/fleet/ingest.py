@@ -23,6 +23,8 @@
   their grammar and free text cut; what is stored is the admitted copy.
 - A malformed message, telemetry from a device the registry does not know, or a payload whose device id
   differs from its topic's is counted, logged (once a minute per device) and dropped; nothing stops ingestion.
+  A report refused only for a number outside its bounds (non-finite, negative, past its range, dated far from
+  the time received: edgefleet/core/messages.py and admission.py) is counted apart, as `out_of_range`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+
+from pydantic import ValidationError
 
 from edgefleet.control.fleet.admission import Admission, AdmissionError
 from edgefleet.control.health import INGEST, INGEST_INTERVAL_S, LoopHealth
@@ -382,11 +386,11 @@ class Ingestor:
             if decoded is None:
                 continue
             try:
-                decoded = self.admission.admit(decoded)
+                decoded = self.admission.admit(decoded, arrived)
             except AdmissionError as err:
-                counts["invalid"] += 1
-                self._warn(device_id, "invalid", "refused a %s message from %s: %s", kind, safe_text(device_id),
-                           safe_text(err, 300))  # fmt: skip
+                counts[err.reason] += 1
+                self._warn(device_id, err.reason, "refused a %s message from %s (%s): %s", kind,
+                           safe_text(device_id), err.reason.replace("_", " "), safe_text(err, 300))  # fmt: skip
                 if not isinstance(decoded, DeviceStatus):
                     refused.append(decoded)
                 continue
@@ -427,9 +431,10 @@ class Ingestor:
         try:
             message = decode(kind, payload)
         except MessageError as err:
-            counts["malformed"] += 1
-            self._warn(device_id, "malformed", "dropped a malformed message on %s: %s", safe_text(topic),
-                       safe_text(err, 300))  # fmt: skip
+            reason = "out_of_range" if _out_of_range(err) else "malformed"
+            counts[reason] += 1
+            self._warn(device_id, reason, "dropped a %s message on %s: %s", reason.replace("_", " "),
+                       safe_text(topic), safe_text(err, 300))  # fmt: skip
             return None
         named = getattr(message, "device_id", None)
         if named != device_id:
@@ -468,3 +473,15 @@ class Ingestor:
         except Exception as err:
             self._unflushed.update(deltas)  # kept for the next flush
             self._warn("*", "counters", "cannot save the ingestion counters (kept for later): %s", err)
+
+
+# pydantic's error types of a number outside its bounds (edgefleet.core.messages: MAX_*, finite floats)
+_RANGE_ERRORS = frozenset({
+    "finite_number", "greater_than", "greater_than_equal", "less_than", "less_than_equal",
+})  # fmt: skip
+
+
+def _out_of_range(err: MessageError) -> bool:
+    """Whether a report was refused only for numbers outside their bounds (counted apart from malformed JSON)."""
+    cause = err.__cause__
+    return isinstance(cause, ValidationError) and all(e["type"] in _RANGE_ERRORS for e in cause.errors())

@@ -13,6 +13,7 @@ from pathlib import Path
 from edgefleet.control.store.errors import StoreError
 from edgefleet.control.store.sql.database import Database
 from edgefleet.control.store.store import Store
+from edgefleet.control.store.url import redacted
 
 
 def _sqlite(url: str) -> Database:
@@ -20,7 +21,7 @@ def _sqlite(url: str) -> Database:
 
     path = url.split("://", 1)[1] if "://" in url else url.removeprefix("sqlite:")
     if not path or path in ("/", ":memory:", "/:memory:"):
-        raise StoreError(f"store URL {url!r} names no file; use sqlite:///absolute/path.sqlite")
+        raise StoreError(f"store URL {redacted(url)!r} names no file; use sqlite:///absolute/path.sqlite")
     return SqliteDatabase(Path(path), url)
 
 
@@ -44,7 +45,9 @@ def open_database(url: str) -> Database:
     scheme = url.split(":", 1)[0].lower()
     opener = _DATABASES.get(scheme)
     if opener is None:
-        raise StoreError(f"unknown store URL scheme {scheme!r} in {url!r}; valid: {', '.join(sorted(_DATABASES))}")
+        raise StoreError(
+            f"unknown store URL scheme {scheme!r} in {redacted(url)!r}; valid: {', '.join(sorted(_DATABASES))}"
+        )
     return opener(url)
 
 

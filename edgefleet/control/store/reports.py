@@ -15,6 +15,7 @@ import bisect
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any, Protocol
 
 from edgefleet.control.store.evidence import SqlEvidence
@@ -72,7 +73,21 @@ class Reports(Protocol):
         self, now: float, *, raw_retention_s: float, bucket_s: float, rollup_retention_s: float,
         event_retention_s: float,
     ) -> Compaction:  # fmt: skip
-        """Downsample raw reports older than `raw_retention_s` into `bucket_s` buckets, drop what is too old."""
+        """Downsample raw reports older than `raw_retention_s` into `bucket_s` buckets, drop what is too old
+        (`downsample` then `expire`; the control plane runs them as separate loops)."""
+        ...
+
+    def downsample(self, now: float, *, raw_retention_s: float, bucket_s: float) -> tuple[int, int]:
+        """Sum raw reports older than `raw_retention_s` into `bucket_s` buckets and delete them: (reports moved,
+        raw rows deleted)."""
+        ...
+
+    def expire(
+        self, now: float, *, raw_retention_s: float, bucket_s: float, rollup_retention_s: float,
+        event_retention_s: float,
+    ) -> tuple[int, int]:  # fmt: skip
+        """Retention by age: drop buckets, events, quality rows and evidence past their windows (rollups deleted,
+        events deleted). Independent of `downsample`, so one failing never stops the other."""
         ...
 
     def stored_through(self, seen: Mapping[str, Sequence[int]], lost: Mapping[str, int], now: float) -> dict[str, int]:
@@ -209,7 +224,9 @@ class SqlReports:
         merged: dict[int, list[Any]] = {}
         with self.db.read() as conn:
             for sql in (rolled, raw):
-                for row in conn.execute(sql, params).fetchall():
+                for fetched in conn.execute(sql, params).fetchall():
+                    # PostgreSQL sums BIGINT columns into NUMERIC (a Decimal here): counts are ints again
+                    row = [int(v) if isinstance(v, Decimal) else v for v in fetched]
                     slot = merged.get(int(row[0]))
                     if slot is None:
                         merged[int(row[0])] = list(row)
@@ -264,7 +281,6 @@ class SqlReports:
                 row = conn.execute("SELECT COUNT(*) FROM telemetry WHERE device_id = ?", (device_id,)).fetchone()
         return int(row[0])
 
-    @unit_of_work()
     def compact(
         self,
         now: float,
@@ -274,6 +290,15 @@ class SqlReports:
         rollup_retention_s: float,
         event_retention_s: float,
     ) -> Compaction:
+        moved, deleted_raw = self.downsample(now, raw_retention_s=raw_retention_s, bucket_s=bucket_s)
+        rollups, events = self.expire(
+            now, raw_retention_s=raw_retention_s, bucket_s=bucket_s, rollup_retention_s=rollup_retention_s,
+            event_retention_s=event_retention_s,
+        )  # fmt: skip
+        return Compaction(moved, deleted_raw, rollups, events)
+
+    @unit_of_work()
+    def downsample(self, now: float, *, raw_retention_s: float, bucket_s: float) -> tuple[int, int]:
         # Cut at a bucket boundary so that every bucket is downsampled once, whole.
         cutoff = (now - raw_retention_s) // bucket_s * bucket_s
         moved = deleted_raw = 0
@@ -290,11 +315,17 @@ class SqlReports:
                 reports, deleted = self._downsample(conn, start, end, bucket_s)
             moved, deleted_raw = moved + reports, deleted_raw + deleted
             span = span * 2 if reports < batch_rows // 2 else max(1, span // 2) if reports > batch_rows else span
+        return moved, deleted_raw
+
+    @unit_of_work()
+    def expire(
+        self, now: float, *, raw_retention_s: float, bucket_s: float, rollup_retention_s: float,
+        event_retention_s: float,
+    ) -> tuple[int, int]:  # fmt: skip
+        cutoff = (now - raw_retention_s) // bucket_s * bucket_s
         self.quality.expire(cutoff, now - event_retention_s)
         self.evidence.expire(cutoff)
-        return Compaction(
-            moved,
-            deleted_raw,
+        return (
             delete_batched(self.db, "telemetry_rollup", "bucket < ?", now - rollup_retention_s),
             delete_batched(self.db, "events", "ts < ?", now - event_retention_s),
         )

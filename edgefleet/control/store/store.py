@@ -170,6 +170,20 @@ class Store:
             event_retention_s=event_retention_s,
         )  # fmt: skip
 
+    def downsample(self, now: float, *, raw_retention_s: float, bucket_s: float) -> tuple[int, int]:
+        """Compaction: raw reports past `raw_retention_s` summed into buckets (reports moved, raw rows deleted)."""
+        return self.repos.reports.downsample(now, raw_retention_s=raw_retention_s, bucket_s=bucket_s)
+
+    def expire(
+        self, now: float, *, raw_retention_s: float, bucket_s: float, rollup_retention_s: float,
+        event_retention_s: float,
+    ) -> tuple[int, int]:  # fmt: skip
+        """Retention by age: buckets, events, quality rows and evidence past their windows (rollups, events)."""
+        return self.repos.reports.expire(
+            now, raw_retention_s=raw_retention_s, bucket_s=bucket_s, rollup_retention_s=rollup_retention_s,
+            event_retention_s=event_retention_s,
+        )  # fmt: skip
+
     def enforce_device_quota(self, max_bytes: int) -> list[QuotaCut]:
         """Retention by bytes (quota.py): each device over `max_bytes` loses its oldest rows."""
         return enforce_quota(self.db, max_bytes)

@@ -20,7 +20,7 @@ import pytest
 
 from edgefleet.control.dashboard import auth
 from edgefleet.control.desired.sync import DesiredPublisher
-from edgefleet.control.health import DESIRED_SYNC, ENGINE, INGEST, stall_limit
+from edgefleet.control.health import COMPACTION, DESIRED_SYNC, ENGINE, INGEST, QUOTA, RETENTION, stall_limit
 from edgefleet.control.rollout.engine import RolloutEngine
 from edgefleet.control.store import Store, open_store
 from edgefleet.control.store.sql.sqlite import SqliteDatabase
@@ -147,3 +147,26 @@ def test_ingestion_that_cannot_store_shows_its_backlog_and_reads_failing(
                             and loop_of(s, INGEST)["state"] == "failing" and s)  # fmt: skip
         assert "the store failed a batch" in str(loop_of(status, INGEST)["last_error"])
         wait_until("the backlog stored", lambda: plane.local_metrics()["ingest_backlog_messages"] < 10)
+
+
+def test_compaction_retention_and_the_quota_are_loops_of_their_own_and_one_failing_skips_none(
+    mosquitto: MosquittoBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: compaction failed for every device and the quota, run in the same step, never ran. Now a failing
+    compaction reads failing in `control status` with its error, while retention and the quota complete."""
+
+    def broken_downsample(self: Store, *args: object, **kwargs: object) -> tuple[int, int]:
+        raise RuntimeError("integer overflow")
+
+    monkeypatch.setattr(Store, "downsample", broken_downsample)
+    store_url = f"sqlite://{tmp_path}/control.sqlite"
+    with control_plane(mosquitto.url, tmp_path, compact_every_s=0.2, quota_every_s=0.2) as plane:
+        wait_until("retention and the quota to complete and compaction to fail", lambda: {
+            (r.component, bool(r.errors_per_min), r.last_tick is not None) for r in plane.store.repos.health.health()
+        } >= {(COMPACTION, True, False), (RETENTION, False, True), (QUOTA, False, True)})  # fmt: skip
+        code, status = control_status(store_url)
+    compaction, retention, quota = (loop_of(status, name) for name in (COMPACTION, RETENTION, QUOTA))
+    assert code == 1 and status["healthy"] is False
+    # it never completes, so it reads stalled once three of its periods passed, failing before: unwell either way
+    assert compaction["state"] in ("failing", "stalled") and "integer overflow" in str(compaction["last_error"])
+    assert retention["state"] == quota["state"] == "ok" and retention["last_tick"] and quota["last_tick"]

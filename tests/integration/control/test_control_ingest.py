@@ -48,6 +48,9 @@ def test_two_control_planes_split_the_telemetry_and_store_every_report_once(
         assert a.ingestor.stats.counts["statuses"] >= 20 and b.ingestor.stats.counts["statuses"] >= 20
 
 
+POISON = 10**6  # the sequence number of the report the store refuses (test_a_message_the_store_refuses_...)
+
+
 def _report(device: str, seq: int) -> bytes:
     return Telemetry(
         device_id=device, seq=seq, bundle_id=None, provider=None, window_s=1.0, requests=0, errors=0,
@@ -124,16 +127,25 @@ def test_repeats_and_bad_messages_are_counted_and_ingestion_goes_on(
 def test_a_message_the_store_refuses_is_rejected_loudly_and_blocks_nothing(
     mosquitto: MosquittoBroker, tmp_path: Path, host: Connection, topics: Topics
 ) -> None:
-    """A valid message the store cannot hold (a sequence number beyond SQLite's 64-bit integers) fails every write
-    of its batch. Ingestion writes that batch message by message, rejects the one the store refuses (counted and
-    logged with its payload) and stores the others; later reports flow as before."""
+    """A valid message the store cannot hold fails every write of its batch. Ingestion writes that batch message by
+    message, rejects the one the store refuses (counted and logged with its payload) and stores the others; later
+    reports flow as before. Ingest's bounds now refuse every number a real store could not hold (a sequence number
+    past 2^64 once was the poison), so the store's refusal of one report is the fault injected here."""
     with control_plane(mosquitto.url, tmp_path, engine=False) as plane:
         assert plane.ingestor is not None
         store, counts = plane.store, plane.ingestor.stats.counts
+        real_add = store.add_telemetry
+
+        def refusing_add(reports: list[Telemetry], received_at: float) -> int:
+            if any(r.seq == POISON for r in reports):
+                raise OverflowError("Python int too large to convert to SQLite INTEGER")
+            return real_add(reports, received_at)
+
+        store.add_telemetry = refusing_add  # type: ignore[method-assign]
         host.publish(topics.status("poison-1"), DeviceStatus(device_id="poison-1", online=True, state="idle").encode(),
                      retain=True, wait=5)  # fmt: skip
         wait_until("the status", lambda: store.device("poison-1"))
-        host.publish(topics.telemetry("poison-1"), _report("poison-1", 2**64), wait=5)
+        host.publish(topics.telemetry("poison-1"), _report("poison-1", POISON), wait=5)
         for seq in (1, 2):
             host.publish(topics.telemetry("poison-1"), _report("poison-1", seq), wait=5)
         wait_until("the rejection", lambda: counts["rejected"] == 1)

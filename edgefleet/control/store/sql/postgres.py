@@ -1,6 +1,8 @@
 """The PostgreSQL database: psycopg 3 with a connection pool (psycopg-pool).
 
 `postgresql://user:password@host:5432/edgefleet?pool_size=8&retry_s=60&idle_tx_s=5` (any libpq parameter besides).
+The password need not be in the URL (store/url.py): `?password_file=PATH`, or libpq's PGPASSWORD / PGPASSFILE; a URL
+is shown with its password redacted wherever it is printed.
 Several control-plane instances on several machines share one database: deduplication is in UNIQUE
 constraints, rows are locked in a fixed order, leases carry fencing tokens, and migrations take an
 advisory lock. A lost connection (a database restart, a failover) is not an error the caller sees: every
@@ -30,11 +32,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from edgefleet.control.store.errors import StoreError
 from edgefleet.control.store.sql.database import POSTGRESQL, Cursor, Db
 from edgefleet.control.store.sql.migrate import migrate
+from edgefleet.control.store.url import PASSWORD_FILE, password_from_file, redacted
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +97,17 @@ def url_options(url: str) -> _Options:
         retry_s = float(query.pop("retry_s", "60"))
         idle_tx_s = float(query.pop("idle_tx_s", "5"))
     except ValueError as err:
-        raise StoreError(f"store URL {url!r}: pool_size must be an integer, retry_s and idle_tx_s numbers") from err
+        raise StoreError(
+            f"store URL {redacted(url)!r}: pool_size must be an integer, retry_s and idle_tx_s numbers"
+        ) from err
     if idle_tx_s < 0:
-        raise StoreError(f"store URL {url!r}: idle_tx_s must be at least 0 (0: no limit)")
+        raise StoreError(f"store URL {redacted(url)!r}: idle_tx_s must be at least 0 (0: no limit)")
+    password_file = query.pop(PASSWORD_FILE, None)
     query.setdefault("connect_timeout", "5")
     scheme = "postgresql"
     conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(query), parts.fragment))
+    if password_file and parts.password is None:
+        conninfo = make_conninfo(conninfo, password=password_from_file(password_file, url))
     return _Options(conninfo, max(1, size), retry_s, idle_tx_s)
 
 
@@ -178,9 +187,4 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-def redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+__all__ = ["PostgresDatabase", "one_line", "redacted", "url_options"]

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from edgefleet.control.store.errors import StoreError
 from edgefleet.control.store.sql.database import SQLITE, Cursor, Db
 from edgefleet.control.store.sql.migrate import migrate
+from edgefleet.control.store.url import redacted
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,10 @@ class SqliteDatabase:
             self._all.append(first)
             self._pool.put(first)
             for step in migrate("sqlite", self.tx, url):
-                log.info("store %s: schema migrated to version %d (%s)", url, step.version, step.name)
+                log.info("store %s: schema migrated to version %d (%s)", redacted(url), step.version, step.name)
         except (OSError, sqlite3.Error) as err:
             self.close()
-            raise StoreError(f"cannot open the store {url}: {err}") from err
+            raise StoreError(f"cannot open the store {redacted(url)}: {err}") from err
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
@@ -79,7 +80,7 @@ class SqliteDatabase:
         except queue.Empty:
             with self._lock:
                 if self._closed:
-                    raise StoreError(f"the store {self.url} is closed") from None
+                    raise StoreError(f"the store {redacted(self.url)} is closed") from None
                 db = self._connect()
                 self._all.append(db)
         try:

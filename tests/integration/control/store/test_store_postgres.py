@@ -11,7 +11,8 @@ import pytest
 
 from edgefleet.control.store import Fence, FencedOut, RolloutRow, StoreError, open_store
 from edgefleet.control.store.rollouts import SqlRollouts
-from edgefleet.control.store.sql.postgres import redacted, url_options
+from edgefleet.control.store.sql.postgres import url_options
+from edgefleet.control.store.url import redacted
 from edgefleet.core.messages import LatencySummary, Telemetry
 
 from support.servers.pg_server import PostgresServer
@@ -35,6 +36,20 @@ def test_url_options_are_ours_and_the_rest_goes_to_libpq() -> None:
     with pytest.raises(StoreError, match="idle_tx_s must be at least 0"):
         url_options("postgresql://db/fleet?idle_tx_s=-1")
     assert redacted("postgresql://u:secret@db/fleet") == "postgresql://u:***@db/fleet"
+
+
+def test_the_password_can_come_from_a_file_and_is_redacted_wherever_a_url_is_shown(tmp_path: Path) -> None:
+    secret = tmp_path / "pg.pass"
+    secret.write_text("s3cret pw\n")
+    parsed = url_options(f"postgresql://u@db/fleet?password_file={secret}&pool_size=2")
+    assert "password='s3cret pw'" in parsed.conninfo and "password_file" not in parsed.conninfo
+    with pytest.raises(StoreError, match="cannot read its password file") as caught:
+        url_options(f"postgresql://u@db/fleet?password_file={tmp_path / 'missing'}")
+    assert "s3cret" not in str(caught.value)
+    assert redacted("postgresql://u:p%40ss@db:5432/fleet?x=1") == "postgresql://u:***@db:5432/fleet?x=1"
+    assert redacted("postgresql://u@db/fleet?password=pw&sslmode=require") == (
+        "postgresql://u@db/fleet?password=***&sslmode=require"
+    )
 
 
 def test_a_wrong_password_never_appears_in_the_error(postgres: PostgresServer) -> None:
