@@ -86,7 +86,28 @@ def load(name: str) -> tuple[Any, dict[str, Any]] | None:
     data, meta = RESULTS / f"{name}.json", RESULTS / f"{name}.meta.json"
     if not data.exists():
         return None
-    return json.loads(data.read_text()), (json.loads(meta.read_text()) if meta.exists() else {})
+    return bounded(json.loads(data.read_text())), (json.loads(meta.read_text()) if meta.exists() else {})
+
+
+SHARES = ("limit_pct", "compute_pct", "bandwidth_pct")  # shares of a limit: at most 100 (converter.roofline.peak)
+
+
+def bounded(value: Any) -> Any:
+    """The document with every share of a limit at most 100 %: a limit is an upper bound, and a figure above it
+    (stored before peaks were raised to what a bundle achieved, or a model served from cache faster than the
+    memory bandwidth) says the peak was low, not that the bundle beat the machine. Such a record says so in
+    `raised`."""
+    if isinstance(value, list):
+        return [bounded(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: bounded(v) for k, v in value.items()}
+    over = [k for k in SHARES if isinstance(out.get(k), int | float) and out[k] > 100.0]
+    if over:
+        out.update({k: 100.0 for k in over})
+        why = f"stored {', '.join(over)} above 100 %: the peak it was set against was below what this achieved"
+        out["raised"] = [*(out.get("raised") or []), f"{why}, so it stands at 100 % of what it achieved"]
+    return out
 
 
 def fmt(value: Any) -> str:
@@ -206,13 +227,23 @@ def _encoder(doc: list[dict[str, Any]]) -> str:
     )
 
 
+def limit_share(line: dict[str, Any]) -> str:
+    """A roofline's % of the limit as the report says it: a limit is an upper bound, so never above 100 %. A
+    candidate that beat a measured peak is at 100 % of the peak raised to what it achieved, and the text says so
+    (a row stored before peaks were raised, with a share above 100, reads the same way)."""
+    pct = float(line["limit_pct"])
+    if pct >= 100.0 or line.get("raised"):
+        return "100 % (it beat the measured peak, raised to what it achieved)"
+    return f"{pct:.0f} %"
+
+
 def _limit(doc: list[dict[str, Any]]) -> str:
     """How near this machine's measured limit each chosen bundle of the corpus families runs (the roofline)."""
     chosen = [r for r in doc if str(r["recipe"]).startswith("edgefleet: ") and r.get("roofline")]
     if not chosen:
         raise ValueError("no chosen bundle with a roofline")
     parts = ", ".join(
-        f"{r['model']} {r['roofline']['limit_pct']:.0f} % ({r['roofline']['bound']}-bound, "
+        f"{r['model']} {limit_share(r['roofline'])} ({r['roofline']['bound']}-bound, "
         f"{r['recipe'].removeprefix('edgefleet: ')})"
         for r in chosen
     )
