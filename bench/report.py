@@ -63,6 +63,12 @@ BENCHES = [
           "edgefleet chose (bare runtime, the agent's session in process, the agent's service streamed over HTTP). "
           "TTFT for a 64-token prompt, TPOT, perplexity and next-token agreement against FP32 on the same held-out "
           "tokens, size of the folder the runtime loads, % of the read-bandwidth limit; the goals with verdicts."),
+    Bench("idle", "An idle agent: CPU with no requests at all",
+          "python bench/record.py idle -- python bench/idle.py --seconds 60 --json bench/results/idle.json",
+          "One real agent serving the digits CNN (generic-x86-64, ONNX Runtime, the agent's defaults: probes while "
+          "quiet, telemetry every 5 s), no client requests, its CPU from /proc/PID/stat over 60 s (goal ≤ 1 % of a "
+          "core; issue 33's goal is for three idle slots, a device runs one model today); then ONNX Runtime alone "
+          "with its workers spinning and not, alternated: CPU at 2 runs a second and back-to-back latency."),
     Bench("transfer", "Bundle transfer against a raw publish of the same bytes",
           "python bench/record.py transfer -- python bench/transfer.py --mb 16 --rounds 5 --kill-trials 5 "
           "--cap-seconds 15 --fleet 50 --links 20:50,200:5 --json bench/results/transfer.json",

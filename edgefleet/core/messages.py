@@ -188,6 +188,11 @@ class Telemetry(Message):
     cpu_percent: float
     rss_mb: float
     temperature_c: float | None = None
+    idle_cpu_percent: float | None = Field(
+        default=None,
+        description="the agent's CPU over a window without client requests (probes, reports, runtime threads), "
+        "% of one core; None when it served requests",
+    )
     queue_depth: int = Field(default=0, description="inference requests waiting (MQTT and local API)")
     errors_by_kind: dict[str, int] = Field(default_factory=dict, description="refused/failed requests by kind")
     field_accuracy: float | None = Field(
