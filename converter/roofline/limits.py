@@ -48,6 +48,7 @@ BANDWIDTH_MIN_BYTES = 64 * 2**20  # each array at least this, and twice the last
 FP16_FLAGS = frozenset({"avx512_fp16", "asimdhp", "fphp"})  # CPUs that compute FP16 natively (x86, arm64)
 
 _MEMO: dict[str, MachineLimits] = {}
+_REMEASURED: set[str] = set()  # keys this process measured: a busy figure is measured again once per process
 
 
 @dataclass(frozen=True)
@@ -128,16 +129,18 @@ def machine_key(threads: int) -> tuple[str, str]:
 
 def machine_limits(threads: int, cache_dir: Path | None = None) -> MachineLimits:
     """This machine's limits at `threads`: cached (process, then `cache_dir`) when the cached figures were measured
-    on a machine that was not busy; else measured, merged with the cached figures by their maximum, and cached."""
+    on a machine that was not busy; else measured, merged with the cached figures by their maximum, and cached. A
+    busy figure is measured again once per process (a conversion of ten profiles on a busy machine measures once)."""
     key, cpu = machine_key(threads)
     path = _cache_path(key, cache_dir)
     found = _MEMO.get(key) or _read(path)
-    if found is not None and not found.busy():
+    if found is not None and (not found.busy() or key in _REMEASURED):
         _MEMO[key] = found
         return found
     if found is not None:
         log.info("cached machine limits %s were measured at load average %s: measuring again", key,
                  found.load_average)  # fmt: skip
+    _REMEASURED.add(key)
     return remember(measure(threads, key, cpu), cache_dir)
 
 

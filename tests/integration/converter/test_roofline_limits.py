@@ -57,7 +57,8 @@ def test_the_limit_measured_beside_a_model_judges_it_at_most_100_percent_and_a_b
     # A figure cached as if at a load average of 5 on a 2-core machine, at a tenth of the real rate: measured again.
     planted = replace(measured, gemm_gops={"onnxruntime": {"fp32": fp32 / 10}}, load_average=5.0, cpus=2)
     remember(planted, tmp_path)
-    monkeypatch.setattr(limits_module, "_MEMO", {})
+    monkeypatch.setattr(limits_module, "_MEMO", {})  # a new process: only the file is left
+    monkeypatch.setattr(limits_module, "_REMEASURED", set())
     again = machine_limits(1, tmp_path)
     assert again.gemm_gops["onnxruntime"]["fp32"] > fp32 / 10 and again.measurements == 2
 

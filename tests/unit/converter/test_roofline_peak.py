@@ -125,6 +125,7 @@ def test_all_candidates_are_judged_against_the_same_peaks_raised_by_the_fastest(
 @pytest.fixture
 def fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(limits_module, "_MEMO", {})
+    monkeypatch.setattr(limits_module, "_REMEASURED", set())
     monkeypatch.setattr(limits_module, "machine_key", lambda threads: ("k", "test"))
 
 
@@ -153,6 +154,24 @@ def test_a_cached_figure_measured_busy_is_measured_again_and_merged_never_lowere
         assert stored["gemm_gops"]["onnxruntime"]["fp32"] == 90.0 and stored["load_average"] == 0.5
     else:
         assert found.gemm_gops["onnxruntime"]["fp32"] == 67.0
+
+
+def test_a_busy_figure_is_measured_again_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_cache: None
+) -> None:
+    calls: list[int] = []
+
+    def measure(threads: int, key: str = "", cpu: str = "") -> MachineLimits:  # a machine that stays busy
+        calls.append(threads)
+        return replace(_limits(60.0 + len(calls), load_average=5.0, cpus=2), measured_at=f"t{len(calls)}")
+
+    monkeypatch.setattr(limits_module, "measure", measure)
+    first = limits_module.machine_limits(1, tmp_path)
+    again = limits_module.machine_limits(1, tmp_path)
+    assert calls == [1] and again == first and first.busy()
+    monkeypatch.setattr(limits_module, "_MEMO", {})
+    monkeypatch.setattr(limits_module, "_REMEASURED", set())  # the next process measures again, and merges
+    assert limits_module.machine_limits(1, tmp_path).gemm_gops["onnxruntime"]["fp32"] == 62.0 and calls == [1, 1]
 
 
 def test_a_raised_peak_is_kept_for_the_next_judgement(tmp_path: Path, fresh_cache: None) -> None:
