@@ -31,7 +31,7 @@ from edgefleet.converter.passes import graph
 from edgefleet.converter.passes.graph import FixDimsConfig
 from edgefleet.converter.report import write_report
 from edgefleet.converter.request import ConvertRequest, ProfileResult
-from edgefleet.converter.roofline import Artifact, machine_limits, rooflines
+from edgefleet.converter.roofline import Artifact, judge, machine_limits, remember
 from edgefleet.converter.runners import Runner, ort_runner, predict
 from edgefleet.converter.search import (
     Budget,
@@ -353,7 +353,9 @@ def _rooflines(
     threads = found.threads[0] if found.threads else loaded.threads
     limits = None if on_devices else machine_limits(threads, request.cache_dir)
     with phases.phase("roofline"):
-        lines = rooflines(artifacts, loaded.evaluation.sample(0), limits)
+        lines, limits = judge(artifacts, loaded.evaluation.sample(0), limits)
+    if limits is not None and limits.raised:  # a candidate beat a measured peak: keep what it achieved
+        limits = remember(limits, request.cache_dir)
     return (limits.as_dict() if limits else None), lines
 
 

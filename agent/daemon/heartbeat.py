@@ -61,6 +61,9 @@ class Heartbeat:
         model, service = self.serving.model, self.service()
         golden = model.last_golden if model else None
         generative = model is not None and model.generative is not None
+        cpu = self.resources.cpu_percent()
+        streaming = generative and model is not None and bool(model.generative.active)  # type: ignore[union-attr]
+        idle = requests == 0 and errors == 0 and not streaming  # no client request in the window
         return Telemetry(
             device_id=self.serving.identity.device_id,
             bundle_id=model.bundle_id if model else None,
@@ -72,7 +75,8 @@ class Heartbeat:
             latency=latency,
             golden_agreement=golden.agreement if golden else None,
             golden_max_abs_error=golden.max_abs_error if golden and not generative else None,
-            cpu_percent=self.resources.cpu_percent(),
+            cpu_percent=cpu,
+            idle_cpu_percent=cpu if idle else None,
             rss_mb=self.resources.rss_mb(),
             temperature_c=self.resources.temperature_c(),
             queue_depth=self.mqtt.queue_depth() + (service.metrics.queue_depth() if service else 0),

@@ -7,7 +7,15 @@ import json
 from typing import Any
 
 from edgefleet.cli.common import add_json, print_json, print_table
-from edgefleet.core.profiles import HostFacts, Profile, detect, get_profile, load_profiles, match_reasons
+from edgefleet.core.profiles import (
+    HostFacts,
+    Profile,
+    detect,
+    get_profile,
+    int8_notes,
+    load_profiles,
+    match_reasons,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,12 +69,14 @@ def cmd_detect(args: argparse.Namespace) -> None:
     matching = detect(profiles, facts)
     others = sorted((p for p in profiles if p not in matching), key=lambda p: p.name)
     verdicts: list[dict[str, Any]] = [
-        {"profile": p.name, "matches": True, "rank": rank, "why": _why_matches(p), "why_not": []}
+        {"profile": p.name, "matches": True, "rank": rank, "why": _why_matches(p), "why_not": [],
+         "notes": int8_notes(p, facts)}
         for rank, p in enumerate(matching, 1)
     ] + [
-        {"profile": p.name, "matches": False, "rank": None, "why": "", "why_not": match_reasons(p, facts)}
+        {"profile": p.name, "matches": False, "rank": None, "why": "", "why_not": match_reasons(p, facts),
+         "notes": []}
         for p in others
-    ]
+    ]  # fmt: skip
     if args.json:
         print_json(
             {
@@ -84,7 +94,7 @@ def cmd_detect(args: argparse.Namespace) -> None:
             (
                 v["profile"],
                 ("best" if v["rank"] == 1 else f"yes ({v['rank']})") if v["matches"] else "no",
-                v["why"] or "; ".join(v["why_not"]),
+                "; ".join([v["why"], *v["notes"]]) if v["why"] else "; ".join(v["why_not"]),
             )
             for v in verdicts
         ],

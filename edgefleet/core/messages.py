@@ -277,6 +277,11 @@ class Telemetry(Message):
     cpu_percent: Annotated[float, Field(ge=0, le=MAX_CPU_PERCENT, allow_inf_nan=False)]
     rss_mb: Annotated[float, Field(ge=0, le=MAX_MB, allow_inf_nan=False)]
     temperature_c: Annotated[float, Field(ge=-273.15, le=1000, allow_inf_nan=False)] | None = None
+    idle_cpu_percent: Annotated[float, Field(ge=0, le=MAX_CPU_PERCENT, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="the agent's CPU over a window without client requests (probes, reports, runtime threads), "
+        "% of one core; None when it served requests",
+    )
     queue_depth: WindowCount = Field(default=0, description="inference requests waiting (MQTT and local API)")
     errors_by_kind: dict[str, WindowCount] = Field(default_factory=dict, description="refused/failed requests by kind")
     field_accuracy: Fraction | None = Field(

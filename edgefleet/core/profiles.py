@@ -82,6 +82,12 @@ class Target(_Frozen):
         default="uint8",
         description="INT8 static QDQ activation type: uint8 (U8S8, what x86 VNNI kernels fuse) or int8 (S8S8, ARM)",
     )
+    int8_fast_with: list[str] = Field(
+        default_factory=list,
+        description="CPU flags (/proc/cpuinfo) of which one makes this target's INT8 kernels fast: ARMv8.2's dot "
+        "product (asimddp) or x86 VNNI (avx512_vnni, avx_vnni); a device with none runs INT8 without them, often "
+        "no faster than FP32 (empty: INT8 speed depends on no such instruction)",
+    )
     inference_precision_hint: Literal["f32", "f16", "bf16"] | None = Field(
         default=None,
         description="OpenVINO INFERENCE_PRECISION_HINT the bundle pins (f32 stops CPUs with AVX-512 BF16 or AMX "
@@ -310,17 +316,10 @@ class HostFacts:
 
     @classmethod
     def probe(cls, watched_files: Iterable[str] = ()) -> HostFacts:
-        flags: set[str] = set()
-        vendor = ""
         try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("vendor_id") and not vendor:
-                    vendor = line.split(":", 1)[1].strip()
-                if line.startswith(("flags", "Features")):
-                    flags.update(line.split(":", 1)[1].split())
-                    break
+            cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            pass
+            cpuinfo = ""
         board = ""
         for model_file in ("/proc/device-tree/model", "/sys/firmware/devicetree/base/model"):
             try:
@@ -334,12 +333,36 @@ class HostFacts:
             providers = frozenset(onnxruntime.get_available_providers())
         except ImportError:
             providers = frozenset()
-        return cls(
-            arch=platform.machine().lower(),
-            os=platform.system().lower(),
-            cpu_flags=frozenset(flags),
+        return cls.parse(
+            cpuinfo,
+            arch=platform.machine(),
+            os=platform.system(),
             existing_files=frozenset(f for f in watched_files if Path(f).exists()),
             providers=providers,
+            board=board,
+        )
+
+    @classmethod
+    def parse(
+        cls, cpuinfo: str, *, arch: str, os: str, existing_files: Iterable[str] = (),
+        providers: Iterable[str] = (), board: str = "",
+    ) -> HostFacts:  # fmt: skip
+        """The facts from /proc/cpuinfo's text (x86 `flags` and `vendor_id`, ARM `Features`; the first
+        processor's), the machine and system names, the watched files that exist, the providers and the board."""
+        flags: set[str] = set()
+        vendor = ""
+        for line in cpuinfo.splitlines():
+            if line.startswith("vendor_id") and not vendor:
+                vendor = line.split(":", 1)[1].strip()
+            if line.startswith(("flags", "Features")):
+                flags.update(line.split(":", 1)[1].split())
+                break
+        return cls(
+            arch=arch.lower(),
+            os=os.lower(),
+            cpu_flags=frozenset(flags),
+            existing_files=frozenset(existing_files),
+            providers=frozenset(providers),
             cpu_vendor=vendor,
             board=board,
         )
@@ -367,6 +390,19 @@ def match_reasons(profile: Profile, facts: HostFacts) -> list[str]:
     if rules.board_any and not any(b in facts.board for b in rules.board_any):
         misses.append(f"board {facts.board or 'unknown'!r} is none of {rules.board_any}")
     return misses
+
+
+def int8_notes(profile: Profile, facts: HostFacts) -> list[str]:
+    """What the CPU lacks for `profile`'s INT8 targets to be fast (Target.int8_fast_with), one line a target."""
+    notes = []
+    for target in profile.targets:
+        wanted = target.int8_fast_with
+        if wanted and any(p.startswith("int8") for p in target.precisions) and not facts.cpu_flags & set(wanted):
+            notes.append(
+                f"{target.runtime} INT8: the CPU has none of {', '.join(wanted)}; its INT8 kernels run without a "
+                "dot-product instruction, often no faster than FP32"
+            )
+    return notes
 
 
 def detect(profiles: Iterable[Profile], facts: HostFacts) -> list[Profile]:

@@ -137,6 +137,11 @@ class OnnxRuntimeBackend(Backend):
         so.intra_op_num_threads = options.threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        # No spinning between runs: ONNX Runtime's intra-op workers otherwise spin after every run, and an idle
+        # agent's golden-set probe (2 a second while quiet) kept one worker at 11 % of a core; without it 0.1 %
+        # (docs/agent.md, bench/idle.py). Back-to-back runs on a shared 2-core machine were no slower without it.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         cancel.on_cancel(lambda: so.set_load_cancellation_flag(True))
         for library in options.custom_op_libraries:
             try:

@@ -20,6 +20,7 @@ from support.paths import DIGITS, REPO
 EXPECTED_FORMATS = {
     "apple-silicon": "coreml",
     "browser-wasm": "onnx",
+    "generic-arm64": "onnx",
     "generic-x86-64": "onnx",
     "intel-igpu": "openvino-ir",
     "intel-npu": "openvino-ir",

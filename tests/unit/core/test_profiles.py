@@ -14,6 +14,7 @@ from edgefleet.core.profiles import (
     detect,
     device_profiles,
     get_profile,
+    int8_notes,
     load_profiles,
     match_reasons,
     profile_lineage,
@@ -101,8 +102,87 @@ def test_detection_ranks_a_refinement_before_what_it_refines() -> None:
 def test_a_refinement_must_name_real_profiles_without_cycles(tmp_path: Path, refines: list[str], message: str) -> None:
     _copy_with(tmp_path, refines=refines)
     arm = yaml.safe_load((PROFILES_DIR / "rpi5-arm64.yaml").read_text())
+    arm.pop("refines", None)
     (tmp_path / "arm-parent.yaml").write_text(yaml.safe_dump({**arm, "name": "arm-parent"}))
     load_profiles.cache_clear()
     with pytest.raises(UserInputError, match=message):
         load_profiles(tmp_path)
     load_profiles.cache_clear()
+
+
+# /proc/cpuinfo as each board's kernel writes it (the first processor; the fields detection reads).
+PI5_CPUINFO = """processor\t: 0
+BogoMIPS\t: 108.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x4
+CPU part\t: 0xd0b
+CPU revision\t: 1
+"""
+ORIN_CPUINFO = """processor\t: 0
+model name\t: ARMv8 Processor rev 1 (v8l)
+BogoMIPS\t: 62.50
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp uscat
+CPU implementer\t: 0x41
+CPU part\t: 0xd42
+"""
+A53_CPUINFO = """processor\t: 0
+BogoMIPS\t: 48.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU part\t: 0xd03
+"""
+TEGRA = "/etc/nv_tegra_release"
+
+
+def _arm(cpuinfo: str, board: str = "", files: tuple[str, ...] = ()) -> HostFacts:
+    return HostFacts.parse(cpuinfo, arch="aarch64", os="Linux", board=board, existing_files=files)
+
+
+@pytest.mark.parametrize(
+    ("facts", "expected", "int8_note"),
+    [
+        (_arm(PI5_CPUINFO, "Raspberry Pi 5 Model B Rev 1.0"), ["rpi5-arm64", "generic-arm64"], False),
+        (_arm(ORIN_CPUINFO, "NVIDIA Jetson AGX Orin Developer Kit", (TEGRA,)), ["jetson-agx-orin", "generic-arm64"],
+         False),
+        (_arm(ORIN_CPUINFO, "NVIDIA Jetson Orin Nano Developer Kit", (TEGRA,)),
+         ["jetson-orin-nano", "generic-arm64"], False),
+        (_arm(A53_CPUINFO, "Pine64 PINE A64+"), ["generic-arm64"], True),  # a Cortex-A53 board: no asimddp
+        (_arm(""), ["generic-arm64"], True),  # no /proc/cpuinfo at all (a container): still an ARM64 Linux
+    ],
+)  # fmt: skip
+def test_an_arm64_board_detects_the_most_specific_arm_profile_and_falls_back_to_generic_arm64(
+    facts: HostFacts, expected: list[str], int8_note: bool
+) -> None:
+    found = detect(load_profiles().values(), facts)
+    assert [p.name for p in found] == expected
+    notes = int8_notes(found[-1], facts)  # generic-arm64 says whether INT8 has its dot product here
+    assert bool(notes) is int8_note
+    if int8_note:
+        assert "none of asimddp" in notes[0]
+
+
+def test_cpuinfo_text_gives_the_flags_vendor_and_features_detection_reads() -> None:
+    pi = _arm(PI5_CPUINFO)
+    assert {"asimd", "asimddp", "fphp"} <= pi.cpu_flags and pi.arch == "aarch64" and pi.os == "linux"
+    x86 = HostFacts.parse("vendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512_vnni\n", arch="x86_64", os="Linux")
+    assert x86.cpu_vendor == "GenuineIntel" and "avx512_vnni" in x86.cpu_flags
+
+
+def test_why_an_arm_board_is_not_a_pi_or_a_jetson_is_said() -> None:
+    board = _arm(A53_CPUINFO, "Pine64 PINE A64+")
+    assert match_reasons(get_profile("rpi5-arm64"), board) == ["board 'Pine64 PINE A64+' is none of ['Raspberry Pi 5']"]
+    assert "missing /etc/nv_tegra_release" in match_reasons(get_profile("jetson-orin-nano"), board)
+
+
+def test_the_arm_profiles_nest_under_generic_arm64_as_the_x86_ones_under_generic_x86_64() -> None:
+    for name in ("rpi5-arm64", "jetson-orin-nano", "jetson-agx-orin"):
+        assert profile_lineage(name) == [name, "generic-arm64"]
+    assert device_profiles("generic-arm64") == [get_profile("generic-arm64")]
+    assert get_profile("generic-arm64").targets[0].int8_fast_with == ["asimddp"]
+    assert get_profile("generic-x86-64").targets[0].int8_fast_with == ["avx512_vnni", "avx_vnni"]
+    assert int8_notes(get_profile("generic-x86-64"), VNNI) == [] and int8_notes(
+        get_profile("generic-x86-64"), AVX2_ONLY
+    )
