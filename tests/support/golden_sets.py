@@ -1,0 +1,33 @@
+"""Golden sets built in memory for the tests of the golden check and its figures."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgefleet.core.bundle.manifest import GoldenSpec
+from edgefleet.core.quality.golden import compare
+from edgefleet.core.quality.golden_set import GoldenSet
+from edgefleet.core.quality.output_rules import derive_checks
+from edgefleet.core.tensors import Dataset
+
+SAMPLES = 64
+
+
+def classifier_golden(flips: int) -> tuple[GoldenSet, GoldenSpec]:
+    """64 golden logits whose build outputs (`expected`) disagree with the FP32 reference's argmax on `flips`
+    samples, with the checks and manifest floor the converter derives for them (converter/search/golden_gate.py)."""
+    rng = np.random.default_rng(5)
+    reference = rng.normal(0, 1, (SAMPLES, 1, 10)).astype(np.float32)
+    reference[np.arange(SAMPLES), 0, np.arange(SAMPLES) % 10] += 5.0  # every class wins somewhere
+    expected = reference.copy()
+    for i in range(flips):
+        top = int(expected[i, 0].argmax())
+        expected[i, 0, (top + 1) % 10] = expected[i, 0, top] + 1.0
+    data = GoldenSet(
+        Dataset({"x": np.zeros((SAMPLES, 1, 3), np.float32)}, None), {"logits": reference}, {"logits": expected}
+    )
+    unset = GoldenSpec(
+        count=SAMPLES, max_abs_error=0.05, min_agreement=0.0, outputs=derive_checks(data.reference, data.expected, 0.05)
+    )
+    agreement = compare(data.expected, data, unset).agreement
+    return data, unset.model_copy(update={"min_agreement": max(0.0, agreement - 1 / SAMPLES)})
