@@ -24,6 +24,7 @@ from edgefleet.core.profiles import get_profile
 from edgefleet.core.trust.signing import SigningKey
 
 from support.cli import edgefleet
+from support.golden_sets import int8_only
 from support.host_cpu import as_this_host
 from support.paths import DIGITS
 from support.runtime import unpack
@@ -38,11 +39,19 @@ def _device_check(bundle: Path, public_key: Path, dest: Path) -> tuple[Manifest,
     return manifest, result.agreement, {s.output: s.score for s in result.scores}
 
 
-@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize(
+    "name, runtime, int8",
+    [
+        ("generic-x86-64", "onnxruntime", True),
+        ("intel-x86-vnni", "onnxruntime", False),
+        ("intel-x86-vnni", "openvino", False),
+    ],
+)
 def test_the_device_reports_the_golden_figure_the_manifest_carries(
-    runtime: str, tmp_path: Path, signing_key: SigningKey, keys: tuple[Path, Path]
+    name: str, runtime: str, int8: bool, tmp_path: Path, signing_key: SigningKey, keys: tuple[Path, Path]
 ) -> None:
-    profile = as_this_host(get_profile("intel-x86-vnni"))  # this host is the device: it runs the bundle's runtime
+    profile = as_this_host(get_profile(name))  # this host is the device: it runs the bundle's own runtime
+    profile = int8_only(profile) if int8 else profile
     (result,) = convert(
         ConvertRequest(
             model=DIGITS / "digits_cnn.onnx", profiles=[profile], calib=DIGITS / "calib.npz",
