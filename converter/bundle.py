@@ -25,10 +25,10 @@ from edgefleet.converter.search import (
     latency_report,
     search_report,
 )
+from edgefleet.converter.search.golden_gate import golden_figures, golden_of
 from edgefleet.core.bundle.archive import describe_files, pack_bundle, sha256_file
 from edgefleet.core.bundle.manifest import (
     FarmReport,
-    GoldenSpec,
     LatencyReport,
     Manifest,
     Precision,
@@ -37,10 +37,7 @@ from edgefleet.core.bundle.manifest import (
 )
 from edgefleet.core.profiles import Target
 from edgefleet.core.quality.drift_stats import build_reference
-from edgefleet.core.quality.golden import GoldenSet, argmax_agreement
-from edgefleet.core.quality.output_rules import derive_checks
 
-GOLDEN_COUNT = 64  # at least this many golden samples when the evaluation set has them
 DRIFT_REFERENCE = "drift_reference.json"
 
 
@@ -59,14 +56,8 @@ def write_bundle(
     the bundle's path and id."""
     assert built.outputs is not None and built.score is not None and built.prepared.model is not None
     profile = found.profile
-    evaluation, reference = inputs.evaluation, inputs.reference
-    count = min(GOLDEN_COUNT, len(evaluation))
-    order = [inputs.plan.output] + [k for k in reference if k != inputs.plan.output]  # the device judges the first
-    golden = GoldenSet(
-        inputs=evaluation.head(count),
-        reference={k: _plain(reference[k][:count]) for k in order},
-        expected={k: _plain(built.outputs[k][:count]) for k in order},
-    )
+    evaluation = inputs.evaluation
+    golden, golden_spec = golden_of(inputs, built.outputs, built.spec)
     staging = work / (f"candidate-{profile.name}-{built.spec.name}" if benchmark_only else f"bundle-{profile.name}")
     staging.mkdir()
     golden_path = staging / "golden.npz"
@@ -78,19 +69,9 @@ def write_bundle(
         shutil.copyfile(path, copy)
         sources[rel] = copy
     model_rel = built.model_rel
-    first = order[0]
-    host_agreement = argmax_agreement(golden.expected[first], golden.reference[first])
-    floats = [np.abs(v) for v in golden.expected.values() if np.issubdtype(v.dtype, np.floating)]
-    scale = max([1.0] + [float(np.max(v)) for v in floats if v.size])
-    # Other CPUs pick other kernels: FP32 differs in the last bits, INT8/FP16 can move by a quantization step.
-    # TensorRT engines and CoreML run their own kernels (TF32/FP16 tactics) against this host's proxy outputs.
-    exact = built.spec.precision == "fp32" and target.format not in ("onnx-tensorrt", "coreml")
-    tolerance = (1e-3 if exact else 5e-2) * scale
-    judged = [k for k in order if k not in inputs.plan.skipped]  # an input passed through is never judged
-    checks = derive_checks({k: golden.reference[k] for k in judged}, golden.expected, tolerance)
-    golden_spec = GoldenSpec(
-        count=count, max_abs_error=tolerance, min_agreement=max(0.0, host_agreement - 1.0 / count), outputs=checks
-    )
+    checks = golden_spec.outputs
+    search = search_report(found, built.spec.name)
+    held, _ = golden_figures(inputs, built, found.budget, search)
     drift = build_reference(
         {k: np.concatenate([inputs.calib.inputs[k], v]) for k, v in evaluation.inputs.items()},
         built.outputs,
@@ -151,18 +132,14 @@ def write_bundle(
         tensorrt=built.tensorrt,
         web=web_options,
         class_labels=inputs.source.class_labels,
-        search=search_report(found, built.spec.name),
+        search=search,
         drift_reference=DRIFT_REFERENCE,
+        golden_hold=held,
     )
     out_path = request.out / f"{request.name}-{request.version}-{profile.name}.bundle"
     out_path = staging.with_suffix(".bundle") if benchmark_only else out_path  # a candidate is published, not kept
     pack_bundle(out_path, manifest, sources, request.key)
     return out_path, bundle_id
-
-
-def _plain(values: np.ndarray) -> np.ndarray:
-    """String outputs (class names) come from onnxruntime as object arrays, which only pickle: store unicode."""
-    return values.astype(str) if values.dtype == object else values
 
 
 def _machine() -> str:

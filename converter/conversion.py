@@ -46,7 +46,7 @@ from edgefleet.converter.search import (
     plan_metric,
     search,
 )
-from edgefleet.core.bundle.archive import sha256_file
+from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest, sha256_file
 from edgefleet.core.bundle.manifest import TensorSpec, parse_version
 from edgefleet.core.errors import ConversionError, DataError, UserInputError
 from edgefleet.core.profiles import HostFacts, Profile
@@ -323,6 +323,8 @@ def _convert_profile(
     )  # fmt: skip
     bundle_path, bundle_id = write_bundle(request, loaded, ws.work, found, built, target, status, on_devices)
     result.bundle, result.bundle_id = str(bundle_path), bundle_id
+    held = parse_manifest(read_signed_manifest(bundle_path).manifest_json).golden_hold  # as signed, not recomputed
+    result.golden = held.model_dump(mode="json") if held else None
     return result
 
 

@@ -69,6 +69,7 @@ class ProfileResult:
     head_to_head: dict[str, object] | None = None  # the finalists re-timed together (converter.timing.head_to_head)
     roofline: dict[str, dict[str, object]] = field(default_factory=dict)  # per candidate (converter.roofline)
     limits: dict[str, object] | None = None  # this machine's measured limits the rooflines are set against
+    golden: dict[str, object] | None = None  # the bundle's golden figures and the rollout's floor (GoldenHold)
 
 
 __all__ = ["ConvertRequest", "ProfileResult"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from edgefleet.converter.model import SourceModel
 from edgefleet.converter.request import ConvertRequest, ProfileResult
+from edgefleet.core.bundle.manifest import GoldenHold
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -184,6 +185,9 @@ def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
             else f"no bundle: {_cell(profile['error'])}"
         )
         parts.append(f"<h2>{html.escape(profile['profile'])}</h2><p>{verdict}</p>")
+        if profile.get("golden"):
+            held = GoldenHold.model_validate(profile["golden"])
+            parts.append(f"<p class='golden'>{html.escape(held.summary())} ({html.escape(held.runtime)})</p>")
         if profile["notes"]:
             parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in profile["notes"]) + "</ul>")
         if profile.get("farm"):

@@ -19,6 +19,7 @@ from edgefleet.converter.runners import predict
 from edgefleet.converter.search.cache import cache_key
 from edgefleet.converter.search.formats import finish_web, make_coreml, make_tensorrt
 from edgefleet.converter.search.gate import Budget
+from edgefleet.converter.search.golden_gate import golden_figures
 from edgefleet.converter.search.request import SearchRequest, Workspace
 from edgefleet.converter.search.types import MODEL_DIR, Built, Prepared, Spec
 from edgefleet.converter.timing.pruning import Pruned, Pruner, TimedRunner
@@ -105,6 +106,8 @@ def build(
     with phases.phase("accuracy"):
         built.score = request.score(built.outputs)
     built.gate = request.gate(built.score, budget)
+    built.golden_refusal = golden_figures(request, built, budget)[1] or None
+    built.gate = built.gate or built.golden_refusal  # a refused candidate gets its retries, as one below the bar
     ws.memo.builds[key] = built
     return built
 

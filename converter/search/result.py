@@ -60,7 +60,7 @@ def candidate_of(attempt: Attempt, latencies: dict[str, LatencyStats], error: st
         format=built.spec.format,
         provider=target.providers[0] if status.measurable else _proxy(built, status, target),
         measured=status.measurable,
-        gate=built.gate,
+        gate=built.gate or built.golden_refusal,  # a mixed-precision split's gate replaces the build's
         sqnr_db=built.score.sqnr_db if built.score else None,
         max_abs=built.score.max_abs if built.score else None,
         p90_ms=stats.p90_ms if stats else None,

@@ -128,6 +128,7 @@ class Built:
     eval_ms: list[float] = field(default_factory=list)  # per-sample times of the accuracy evaluation
     pruned: bool = False  # stopped during evaluation: it cannot beat a candidate inside the budget
     judged: Judgement | None = None  # mixed precision: the evaluation split that judged it (None: the whole set)
+    golden_refusal: str | None = None  # its golden figures would fail the rollout's default guardrail (golden_gate)
 
     @property
     def passed(self) -> bool:

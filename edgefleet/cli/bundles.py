@@ -44,6 +44,8 @@ def cmd_show(args: argparse.Namespace) -> None:
         f"accuracy  {acc.metric} {acc.value:.4f} (FP32 {acc.reference:.4f}, budget -{acc.budget:.4f}, "
         f"{acc.samples} samples)"
     )
+    if manifest.golden_hold:
+        print(f"golden    {manifest.golden_hold.summary()} ({manifest.golden_hold.runtime})")
     if manifest.latency:
         print(f"latency   {manifest.latency.median_ms:.4f} ms median on {manifest.latency.machine}")
     print(f"signed by {signed.key_id}\nfiles")

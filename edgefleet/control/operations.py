@@ -21,6 +21,7 @@ from edgefleet.control.rollout.finish import can_roll_back
 from edgefleet.control.rollout.plan import BundleRef, RolloutDoc, RolloutSpec, RolloutSpecError
 from edgefleet.control.store import FLEET_TARGET, AuditEntry, BundleRecord, Deployment, DeviceRecord, Scope, Store
 from edgefleet.core.errors import UnknownNameError, UserInputError
+from edgefleet.core.quality.golden_hold import default_max_golden_drop
 from edgefleet.core.topics import check_segment
 
 COMMANDS = ("pause", "resume", "abort")
@@ -107,9 +108,8 @@ def rollout_spec(
     `more`: further RolloutSpec fields, passed as they are."""
     limits = dict(thresholds or {})
     drop = limits.get("max_golden_drop", -1.0)
-    if drop is not None and drop < 0:
-        budgets = [b.accuracy_budget for b in bundles if b.accuracy_budget is not None]
-        limits["max_golden_drop"] = min(budgets) if budgets else None
+    if drop is not None and drop < 0:  # the converter's golden gate holds bundles to the same default
+        limits["max_golden_drop"] = default_max_golden_drop(b.accuracy_budget for b in bundles)
     return make_spec(
         group=group, bundles=list(bundles), canary=canary, waves=[w.strip() for w in waves if w.strip()],
         thresholds=limits, timing=dict(timing or {}), max_failed_devices=max_failed_devices, **more,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_json, default_key, edgefleet_home, fmt, print_json, print_table
 from edgefleet.cli.convert.farm import add_farm_options, farm_from, print_farm
+from edgefleet.core.bundle.manifest import GoldenHold
 from edgefleet.core.errors import ConversionError, UserInputError
 from edgefleet.core.profiles import get_profile, load_profiles
 from edgefleet.core.trust.signing import SigningKey
@@ -111,6 +112,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=cmd_convert)
 
 
+def golden_cell(golden: dict[str, object] | None) -> str:
+    """The golden agreement the rollout will hold, against its floor ("0.984 ≥ 0.980")."""
+    if not golden:
+        return "-"
+    held = GoldenHold.model_validate(golden)
+    return f"{held.agreement:.3f} {'≥' if held.passed else '<'} {held.floor:.3f}"
+
+
 def _print_generative(results: list[ProfileResult]) -> None:
     """Language models: every candidate's quality, token latency and share of the bandwidth limit (the reasons
     for the others follow, as for any model)."""
@@ -196,13 +205,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
     else:
         print_table(
             f"{request.name} {request.version}",
-            ["profile", "recipe", "accuracy", "FP32", "median ms", "size KB", "bundle / error"],
+            ["profile", "recipe", "accuracy", "FP32", "golden ≥ floor", "median ms", "size KB", "bundle / error"],
             [
                 (
                     r.profile,
                     r.recipe,
                     fmt(r.accuracy, 4),
                     fmt(r.reference_accuracy, 4),
+                    golden_cell(r.golden),
                     fmt(r.latency_ms, 4),
                     fmt(r.size_bytes / 1e3 if r.size_bytes else None, 1),
                     r.bundle or r.error,
@@ -211,6 +221,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             ],
         )
         for r in results:
+            if r.golden:
+                print(f"  {r.profile}: {GoldenHold.model_validate(r.golden).summary()}")
             for note in r.notes:
                 print(f"  {r.profile}: {note}")
         for r in results:

@@ -142,7 +142,10 @@ class GoldenSpec(Frozen):
     count: int = Field(ge=1)
     max_abs_error: float = Field(description="allowed |device - expected| against the build's own outputs")
     min_agreement: float = Field(
-        ge=0, le=1, description="share of golden inputs whose argmax must equal the FP32 reference's"
+        ge=0,
+        le=1,
+        description="the golden floor a first bundle on a device is held to: the golden agreement the device reports "
+        "for the build's own outputs (edgefleet.core.quality.golden.compare), less one sample",
     )
     outputs: list[OutputCheck] = Field(
         default_factory=list, description="per-output rule and tolerances; empty (older bundles): derived on device"
@@ -155,6 +158,38 @@ class GoldenSpec(Frozen):
         if not data.get("outputs"):
             data.pop("outputs", None)
         return data
+
+
+class GoldenHold(Frozen):
+    """The golden figures the device will report for this bundle, computed at build by the device's own golden check
+    (edgefleet.core.quality.golden.compare) on the bundle's outputs for its golden inputs, and the floor the
+    rollout's default golden guardrail holds them to (edgefleet.core.quality.golden_hold)."""
+
+    agreement: float = Field(
+        ge=0, le=1, description="the golden agreement the device reports (telemetry golden_agreement) on this runtime"
+    )
+    scores: dict[str, float] = Field(
+        default_factory=dict, description="per output: the golden score the device reports (agreement or cosine)"
+    )
+    max_drop: float = Field(ge=0, description="the rollout's default max golden drop for this bundle")
+    floor: float = Field(
+        description="the lowest agreement and score the default guardrail accepts when the bundle replaces the same "
+        "model in FP32 (baseline 1.0): 1 - max_drop, widened by the drop the build itself plans (at most max_drop)"
+    )
+    passed: bool = Field(description="agreement and every score at or above the floor, and the golden check passes")
+    runtime: str = Field(description="the runtime and provider the figures were computed on")
+    same_runtime: bool = Field(
+        default=True, description="False: this host ran a stand-in for the device's runtime (a proxy)"
+    )
+
+    def summary(self) -> str:
+        """One line a user reads: the figure, the floor, and whether the rollout will pass."""
+        lowest = min(self.scores.items(), key=lambda kv: kv[1], default=None)
+        scores = f", lowest output score {lowest[1]:.4f} ({lowest[0]})" if lowest and lowest[1] < self.agreement else ""
+        verdict = "≥" if self.passed else "<"
+        where = "" if self.same_runtime else " (computed on a stand-in for the device's runtime)"
+        figure = f"{self.agreement:.3f}{scores} {verdict} floor {self.floor:.3f}"
+        return f"golden agreement the rollout will hold: {figure}{where}"
 
 
 class CustomOp(Frozen):
@@ -247,7 +282,7 @@ class FarmReport(Frozen):
 
 _OPTIONAL_BLOCKS = (
     "custom_ops", "tensorrt", "web", "drift_reference", "class_labels", "search", "benchmark_only", "farm",
-    "generation",
+    "generation", "golden_hold",
 )  # fmt: skip
 
 
@@ -292,6 +327,9 @@ class Manifest(Frozen):
     )
     generation: GenerationSpec | None = Field(
         default=None, description="generative bundles: tokenizer, golden prompts, quality and token latency"
+    )
+    golden_hold: GoldenHold | None = Field(
+        default=None, description="the golden figures the device will report, and the floor the rollout holds them to"
     )
 
     @model_serializer(mode="wrap")

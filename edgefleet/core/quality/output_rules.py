@@ -139,13 +139,16 @@ def measure(rule: OutputRule, got: np.ndarray, want: np.ndarray) -> dict[str, fl
     return figures
 
 
-def derive_check(name: str, reference: np.ndarray, artifact: np.ndarray, legacy_max_abs: float) -> OutputCheck:
+def derive_check(
+    name: str, reference: np.ndarray, artifact: np.ndarray, legacy_max_abs: float, rule: OutputRule | None = None
+) -> OutputCheck:
     """The rule and tolerances for one output, from the artifact's own spread against the FP32 reference.
 
     `legacy_max_abs` is the bundle-wide |device - build| tolerance; a continuous output's max-abs tolerance
-    against FP32 is the larger of it and twice the artifact's own largest error.
+    against FP32 is the larger of it and twice the artifact's own largest error. `rule`: the rule the task says
+    the output calls for (an embedding judged by cosine is continuous whatever its argmax does), else `classify`'s.
     """
-    rule = classify(reference)
+    rule = rule if rule is not None and not is_label(reference) else classify(reference)
     spread = measure(rule, artifact, reference)
     count = len(reference)
     if rule == "continuous":
@@ -174,9 +177,14 @@ def derive_check(name: str, reference: np.ndarray, artifact: np.ndarray, legacy_
 
 
 def derive_checks(
-    reference: Mapping[str, np.ndarray], artifact: Mapping[str, np.ndarray], legacy_max_abs: float
+    reference: Mapping[str, np.ndarray],
+    artifact: Mapping[str, np.ndarray],
+    legacy_max_abs: float,
+    rules: Mapping[str, OutputRule] | None = None,
 ) -> list[OutputCheck]:
-    return [derive_check(name, ref, artifact[name], legacy_max_abs) for name, ref in reference.items()]
+    """Every output's check; `rules`: outputs whose rule the task decided (see derive_check)."""
+    given = rules or {}
+    return [derive_check(name, ref, artifact[name], legacy_max_abs, given.get(name)) for name, ref in reference.items()]
 
 
 def score(check: OutputCheck, got: np.ndarray | None, want: np.ndarray) -> OutputScore:

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgefleet.core.quality.golden_hold import DEFAULT_MAX_GOLDEN_DROP
+
 Criterion = Literal[
     "reports", "latency", "golden", "errors", "install", "field-accuracy", "shadow", "drift", "evidence"
 ]
@@ -91,7 +93,8 @@ class Thresholds(BaseModel):
         "0.024 ms back to back)",
     )
     max_golden_drop: float | None = Field(
-        default=0.01, description="golden agreement may fall at most this much below the previous bundle's"
+        default=DEFAULT_MAX_GOLDEN_DROP,
+        description="golden agreement may fall at most this much below the previous bundle's",
     )
     min_golden_agreement: float | None = Field(default=None, description="absolute floor for golden agreement")
     max_error_rate: float | None = Field(default=0.01, description="errors / (requests + errors) at most this")
