@@ -42,6 +42,10 @@ class BundleFacts(BaseModel):
 
     bundle_id: str
     profile: str
+    model_name: str = Field(default="", description="the manifest's model name (empty: recorded before it was kept)")
+    source_sha256: str = Field(
+        default="", description="sha256 of the source ONNX model it was built from (its graph and weights)"
+    )
     size: int = Field(description="the bundle file's bytes")
     wire_bytes: int = Field(description="bytes on the wire for a device that holds none of its chunks")
     chunks: dict[str, int] = Field(default_factory=dict, description="chunk sha256 → bytes on the wire")
@@ -75,6 +79,20 @@ class BundleFacts(BaseModel):
             return self.build_latency_ms, "build", f"the build ({self.build_machine or 'host'})"
         return None
 
+    def model_change(self, previous: BundleFacts | None) -> str:
+        """Why this bundle is another model than `previous` (another name, or built from another source graph), or
+        "" when it is the same model or either is unknown: another model has no baseline on the device yet."""
+        if previous is None or not self.model_name or not previous.model_name:
+            return ""
+        if self.model_name != previous.model_name:
+            return f"another model ({previous.model_name} → {self.model_name})"
+        if self.source_sha256 and previous.source_sha256 and self.source_sha256 != previous.source_sha256:
+            return (
+                f"another graph of {self.model_name} (source sha256 {previous.source_sha256[:12]}… → "
+                f"{self.source_sha256[:12]}…)"
+            )
+        return ""
+
     def build_agreement(self) -> float | None:
         """The share of golden inputs whose argmax the build's own outputs shared with the FP32 reference (its
         manifest's floor is that share less one input): 1.0 for an FP32 bundle, less for a lower precision."""
@@ -106,7 +124,8 @@ def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | GoldenP
             farm.setdefault(m.profile, []).append(m.p50_ms)
     latency = manifest.latency
     return BundleFacts(
-        bundle_id=manifest.bundle_id, profile=manifest.profile, size=transfer.size, wire_bytes=wire, chunks=chunks,
+        bundle_id=manifest.bundle_id, profile=manifest.profile, model_name=manifest.model_name,
+        source_sha256=manifest.source_sha256, size=transfer.size, wire_bytes=wire, chunks=chunks,
         golden_count=manifest.golden.count, golden_min_agreement=manifest.golden.min_agreement,
         golden=_bands(golden, manifest),
         build_latency_ms=latency.median_ms if latency is not None and latency.median_ms > 0 else None,
