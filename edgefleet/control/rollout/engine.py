@@ -411,7 +411,10 @@ class RolloutEngine:
         )  # fmt: skip
         final = elapsed >= spec.timing.observe_s  # latency is judged slower only once the window ended
         facts = self.evidence.facts(progress.target_bundle)
-        previous = self.evidence.facts(progress.previous_bundle)
+        # What the device ran before: the rollback target, else the bundle its baseline was measured on (its word,
+        # as the baseline itself is; the facts are the host's own record of that bundle, or none).
+        claimed = progress.reported_bundle if _an_id(progress.reported_bundle) else None
+        previous = self.evidence.facts(progress.previous_bundle) or self.evidence.facts(claimed)
         findings = judge_on_basis(
             progress.baseline, observed, facts, previous, progress.profile, spec.thresholds, final
         )
