@@ -9,15 +9,16 @@ bundle needs, the custom operators it holds); each refusal says why.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgefleet.agent.install.signed_files import check_bundle_files, check_manifest_paths
-from edgefleet.agent.install.store import Store
+from edgefleet.agent.install.store import FloorHolder, Store
 from edgefleet.agent.install.trust import DeviceTrust
 from edgefleet.agent.runtime import LoadedModel, RuntimeOptions, backends, custom_ops
 from edgefleet.agent.transfer import LinkPacer, TransferError, open_download, resolve_index, write_index
@@ -111,7 +112,7 @@ def check_offer(
         )
     check_runnable(manifest)
     if not shadow:  # a shadow runs beside the served bundle and is never committed: the floor does not apply
-        check_floor(manifest, desired, floor)
+        check_floor(manifest, desired, floor, ctx.store.floor_holders(), manifest_sha256(offer))
     free = shutil.disk_usage(ctx.store.root).free
     needed = 2 * offer.transfer.size + ctx.min_free_bytes  # the download and its unpacked copy
     if free < needed:
@@ -143,11 +144,29 @@ def _check_matches(manifest: Manifest, offer: BundleOffer, desired: Desired, *, 
         )
 
 
-def check_floor(manifest: Manifest, desired: Desired, floor: dict[str, str]) -> None:
+def manifest_sha256(offer: BundleOffer) -> str:
+    """sha256 of the signed manifest's bytes, as an installed bundle keeps them (its manifest.json)."""
+    return hashlib.sha256(offer.manifest_json.encode()).hexdigest()
+
+
+def check_floor(
+    manifest: Manifest, desired: Desired, floor: dict[str, str], holders: Mapping[str, FloorHolder] | None = None,
+    digest: str | None = None,
+) -> None:  # fmt: skip
     """A version at or below the highest ever committed for the model needs a signed document naming exactly
-    this bundle in `allow_downgrade_to`; the unsigned `rollback` flag alone never allows one."""
+    this bundle in `allow_downgrade_to`; the unsigned `rollback` flag alone never allows one. The one exception:
+    the very bundle that committed the floor version (same id, same signed manifest bytes, `digest`) may be
+    installed again, so a rollout retried after a rollback installs it; another bundle reusing the version may
+    not (docs/trust.md, "Retrying a rolled-back bundle")."""
     highest = floor.get(manifest.model_name)
     if highest is None or parse_version(manifest.model_version) > parse_version(highest):
+        return
+    holder = (holders or {}).get(manifest.model_name)
+    if (
+        holder is not None and digest is not None and holder.version == manifest.model_version == highest
+        and holder.bundle_id == manifest.bundle_id and holder.manifest_sha256 == digest
+    ):  # fmt: skip
+        log.info("%s: the bundle that committed the floor %s, installed again", manifest.bundle_id, highest)
         return
     if desired.allow_downgrade_to == manifest.bundle_id:
         log.warning("signed downgrade of %s to %s (floor %s)", manifest.model_name, manifest.model_version, highest)

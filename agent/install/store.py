@@ -7,6 +7,8 @@ Layout under STATE_DIR:
   current -> bundles/<id>       the committed bundle; switched with an atomic rename
   state.json                    committed id, history, the version floor per model, refusals, commit events owed
   floor.json                    second copy of the version floor (written first, fsync'd)
+  floor_holders.json            per model: the bundle that committed the floor version (id and signed manifest's
+                                sha256): that exact bundle may be installed again at the floor (a retried rollout)
   trust/                        the adopted key set, desired-state counters (agent/install/trust.py, desired_state.py)
 
 Every switch is write-temp, fsync, rename, fsync-directory, so `kill -9` at any point leaves either
@@ -17,6 +19,7 @@ per model) only rises: it is the max of both copies, so losing or corrupting sta
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgefleet.core.bundle.archive import MANIFEST_NAME
 from edgefleet.core.bundle.manifest import parse_version
 from edgefleet.core.durable import atomic_write, fsync_dir
 
@@ -57,6 +61,16 @@ class AgentState(BaseModel):
     unannounced: list[CommitNotice] = Field(
         default_factory=list, description="commits whose event may not have reached the spool yet, oldest first"
     )
+
+
+class FloorHolder(BaseModel):
+    """The bundle that committed a model's floor version: the same signed bundle may be installed again at the
+    floor (a rollout retried after a rollback); another bundle reusing the version may not."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    version: str
+    bundle_id: str
+    manifest_sha256: str = Field(description="sha256 of the signed manifest's bytes (the offer's manifest_json)")
 
 
 def raise_floor(floor: dict[str, str], model_name: str, version: str) -> dict[str, str]:
@@ -91,6 +105,7 @@ class Store:
             path.mkdir(parents=True, exist_ok=True)
         self._state_path = root / "state.json"
         self._floor_path = root / "floor.json"
+        self._holders_path = root / "floor_holders.json"
         self._lock = threading.RLock()
 
     # --- state
@@ -120,6 +135,33 @@ class Store:
 
     def floor(self) -> dict[str, str]:
         return self.load_state().versions
+
+    def floor_holders(self) -> dict[str, FloorHolder]:
+        """model name → the bundle that committed its floor version (a damaged file: none, so no retry is allowed
+        at the floor, and the floor itself still holds)."""
+        try:
+            data = json.loads(self._holders_path.read_bytes())
+            return {str(k): FloorHolder.model_validate(v) for k, v in data.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, AttributeError) as err:
+            log.error("floor_holders.json is unreadable (%s); no bundle may be reinstalled at its floor", err)
+            return {}
+
+    def _hold_floor(self, versions: dict[str, str], bundle_id: str, model_name: str, model_version: str) -> None:
+        """Record `bundle_id` as the holder of its model's floor when its version is the floor now."""
+        if versions.get(model_name) != model_version:
+            return
+        manifest = self.bundle_dir(bundle_id) / MANIFEST_NAME
+        try:
+            digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        except OSError as err:
+            log.error("cannot read %s's manifest to record it at the floor: %s", bundle_id, err)
+            return
+        holders = self.floor_holders()
+        holders[model_name] = FloorHolder(version=model_version, bundle_id=bundle_id, manifest_sha256=digest)
+        text = json.dumps({k: v.model_dump() for k, v in holders.items()}, indent=2)
+        atomic_write(self._holders_path, text.encode())
 
     def _read_floor_copy(self) -> dict[str, str]:
         try:
@@ -221,6 +263,8 @@ class Store:
                 unannounced=owed[-MAX_UNANNOUNCED:],
             )  # fmt: skip
             self.save_state(state)
+            if raise_floor:
+                self._hold_floor(self.load_state().versions, bundle_id, model_name, model_version)
             self._prune(state)
             return self.load_state()
 

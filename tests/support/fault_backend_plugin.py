@@ -1,7 +1,8 @@
 """A backend plugin (loaded through $EDGEFLEET_BACKENDS, so a measuring worker process has it too) that wraps a
 real ONNX Runtime session and adds the one fault named in $EDGEFLEET_FAULT, which a real runtime cannot be made to
-produce on demand: `hang` (a load stuck in native code) or `crash` (a load that takes its process down, as a
-segfault would). Provider name: "plugin-fault:A"."""
+produce on demand: `hang` (a load stuck in native code), `crash` (a load that takes its process down, as a
+segfault would) or `slow` (every run busy for the milliseconds the file $EDGEFLEET_FAULT_DELAY_FILE holds when the
+bundle loads: a device on which the bundle runs slower than its build). Provider name: "plugin-fault:A"."""
 
 from __future__ import annotations
 
@@ -31,4 +32,6 @@ class PluginFaultBackend(FaultBackend):
             time.sleep(3600)  # holds no cancellation: only killing its process ends it
         if fault == "crash":
             os._exit(139)
+        if fault == "slow":
+            self.run_delay_s = float(Path(os.environ["EDGEFLEET_FAULT_DELAY_FILE"]).read_text()) / 1000
         return super().load(model_path, provider, options, cancel)

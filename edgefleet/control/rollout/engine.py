@@ -35,9 +35,9 @@ from edgefleet.control.health import ENGINE, LoopHealth
 from edgefleet.control.rollout.commands import bundle_ref, load_doc, make_spec, prepare_rollout, request, to_row
 from edgefleet.control.rollout.finish import rolling_back, start_rollback, succeed
 from edgefleet.control.rollout.install_evidence import EvidenceReader, golden_reports
-from edgefleet.control.rollout.judge.bundle_facts import BundleFacts
+from edgefleet.control.rollout.judge.basis import judge_on_basis
 from edgefleet.control.rollout.judge.plausibility import judge_evidence
-from edgefleet.control.rollout.judge.wave import Metrics, breached, judge_device, pending, settle, summarize
+from edgefleet.control.rollout.judge.wave import Metrics, breached, pending, settle, summarize
 from edgefleet.control.rollout.plan import ACTIVE_STATES, FAILED_STATES, DeviceProgress, RolloutDoc, Tick, WaveProgress
 from edgefleet.control.rollout.shadow import shadow_step, stop_shadow
 from edgefleet.control.rollout.targets import rollback_target
@@ -411,24 +411,24 @@ class RolloutEngine:
         )  # fmt: skip
         final = elapsed >= spec.timing.observe_s  # latency is judged slower only once the window ended
         facts = self.evidence.facts(progress.target_bundle)
-        t = spec.thresholds
-        floor = facts.golden_min_agreement if facts is not None else None
-        golden_known = progress.baseline is not None and progress.baseline.golden_agreement is not None
-        if floor is not None and not golden_known and t.min_golden_agreement is None:
-            t = t.model_copy(update={"min_golden_agreement": floor})  # a first bundle: held to its own golden floor
-        planned = _planned_golden_drop(facts, self.evidence.facts(progress.previous_bundle))
-        if planned > 0 and t.max_golden_drop is not None and golden_known:
-            # Both bundles are scored against their own FP32 reference: an INT8 bundle that agreed 0.984 at build
-            # replacing an FP32 one (1.000) falls by 0.016 on a healthy device. The planned drop comes from the
-            # signed manifest's golden floor, which a build can loosen (a misconfigured or hostile one): it is
-            # allowed up to one more max_golden_drop, never more; a larger planned drop needs the operator's own
-            # max_golden_drop.
-            t = t.model_copy(update={"max_golden_drop": t.max_golden_drop + min(planned, t.max_golden_drop)})
-        measured = facts.measured_latency(progress.profile) if facts is not None else None
-        findings = judge_device(progress.baseline, observed, t, measured, final=final)
+        # What the device ran before: the rollback target, else the bundle its baseline was measured on (its word,
+        # as the baseline itself is; the facts are the host's own record of that bundle, or none).
+        claimed = progress.reported_bundle if _an_id(progress.reported_bundle) else None
+        previous = self.evidence.facts(progress.previous_bundle) or self.evidence.facts(claimed)
+        findings = judge_on_basis(
+            progress.baseline, observed, facts, previous, progress.profile, spec.thresholds, final
+        )
         evidence = self.evidence.install(progress)
         findings.append(
-            judge_evidence(facts, evidence, observed, golden_reports(points, quality), progress.profile, t, final=final)
+            judge_evidence(
+                facts,
+                evidence,
+                observed,
+                golden_reports(points, quality),
+                progress.profile,
+                spec.thresholds,
+                final=final,
+            )
         )
         deadline = spec.timing.observe_s + spec.timing.report_timeout_s
         if elapsed >= deadline:  # time is up: what still lacks data fails, unless allowed unjudged
@@ -473,11 +473,3 @@ __all__ = [
     "request",
     "to_row",
 ]
-
-
-def _planned_golden_drop(target: BundleFacts | None, previous: BundleFacts | None) -> float:
-    """How much less the target's build agreed with its FP32 reference on its golden set than the previous
-    bundle's build did with its own (0 when either is unknown or the target agrees as much or more)."""
-    new = target.build_agreement() if target is not None else None
-    old = previous.build_agreement() if previous is not None else None
-    return max(0.0, old - new) if new is not None and old is not None else 0.0

@@ -1,8 +1,9 @@
 """What the host holds about one device's install of a rollout's bundle, read from the store for the evidence
 criterion (judge/plausibility.py): the bundle's facts from the publish history, when the host deployed it and when
 the device's "committed" arrived (the host's clock), the device's link counters around the install, and the
-bytes the bundle needs given the bundles the store records it committing before (and the published bundle it said
-it ran when the wave began).
+bytes the bundle needs given the bundles the store records it committing before (the bundle itself among them when
+a rollout of it is retried after a rollback: the device keeps its previous bundles) and the published bundle it
+said it ran when the wave began.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ class EvidenceReader:
         committed_at = None
         held: list[BundleFacts] = []
         for bundle_id, received_at in self.store.commits(device_id):
-            if bundle_id == target and received_at >= deployed - 1.0 and committed_at is None:
-                committed_at = received_at
-            elif bundle_id != target and received_at < deployed:
+            if bundle_id == target and received_at >= deployed - 1.0:
+                committed_at = received_at if committed_at is None else committed_at
+            elif received_at < deployed:  # committed before this wave: the target too, when a rollout is retried
                 facts = self.facts(bundle_id)
                 if facts is not None:
                     held.append(facts)

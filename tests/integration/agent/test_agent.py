@@ -146,6 +146,35 @@ def test_versions_only_go_up_unless_the_host_marks_a_rollback(
     watcher.serving("dev-versions", v1_id)
 
 
+def test_the_same_signed_bundle_installs_again_after_a_rollback_and_no_other_bundle_reuses_its_version(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
+    tmp_path: Path, signing_key: SigningKey, trusted: TrustedKeys,
+) -> None:  # fmt: skip
+    """A rollout retried after its rollback: the exact bundle that committed the floor version installs again; a
+    different bundle at that version, and an older version, are still refused (docs/trust.md)."""
+    v1 = demo_bundles["intel-x86-vnni"]
+    v2 = derive_bundle(v1, tmp_path, signing_key, trusted, model_version="2")
+    start_agent("dev-retry")
+    v1_id = deploy_to(host, topics, v1, devices=("dev-retry",))
+    watcher.serving("dev-retry", v1_id)
+    v2_id = deploy_to(host, topics, v2, devices=("dev-retry",))
+    watcher.serving("dev-retry", v2_id)
+    deploy_to(host, topics, v1, devices=("dev-retry",), rollback=True)  # the rollout rolled back
+    watcher.serving("dev-retry", v1_id)
+
+    deploy_to(host, topics, v2, devices=("dev-retry",))  # retried: the same signed bundle
+    watcher.serving("dev-retry", v2_id)
+
+    other = derive_bundle(v1, tmp_path, signing_key, trusted, model_version="2", bundle_id=f"{v2_id}-other")
+    other_id = deploy_to(host, topics, other, devices=("dev-retry",))
+    event = watcher.event("dev-retry", "refused", bundle_id=other_id)
+    assert "version 2 is not newer than 2" in event.detail
+    deploy_to(host, topics, v1, devices=("dev-retry",))  # older, and not marked as a rollback
+    event = watcher.event("dev-retry", "refused", bundle_id=v1_id)
+    assert "version 1 is not newer than 2" in event.detail
+    assert watcher.status["dev-retry"].active_bundle == v2_id
+
+
 def test_after_kill_9_the_agent_restarts_on_its_committed_bundle_without_downloading(
     start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path]
 ) -> None:

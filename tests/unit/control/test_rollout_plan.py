@@ -177,12 +177,17 @@ def test_device_verdicts(
 
 def test_findings_say_why() -> None:
     findings = judge_device(metrics(p95=0.5), metrics(p95=2.0, golden=0.5), T)
-    details = [f.detail for f in breached(findings)]
-    assert (
+    latency, golden = (f.detail for f in breached(findings))
+    assert latency.startswith(
         "p95 2.000 ms (at least 1.972 ms at 99% confidence, 100 samples against 100) exceeds 1.5 × baseline "
-        "0.500 ms = 0.750 ms" in details
+        "0.500 ms = 0.750 ms; baseline: the same model's previous bundle b on this device; to allow it: "
+        "--max-latency-factor"
     )
-    assert "golden agreement 0.500 is below baseline 1.000 − 0.02 = 0.980" in details
+    assert golden.startswith(
+        "golden agreement 0.500 is below baseline 1.000 − 0.02 = 0.980; baseline: the previous bundle b on this "
+        "device; to allow it: --max-golden-drop, or reconvert with a tighter accuracy budget (edgefleet convert "
+        "--max-drop)"
+    )
 
 
 def test_a_criterion_lacking_data_is_pending_never_passed() -> None:

@@ -15,6 +15,7 @@ Numbers only: nothing here is a string a device chose.
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 import tarfile
 import tempfile
@@ -42,6 +43,10 @@ class BundleFacts(BaseModel):
 
     bundle_id: str
     profile: str
+    model_name: str = Field(default="", description="the manifest's model name (empty: recorded before it was kept)")
+    io_signature: str = Field(
+        default="", description="sha256 of its inputs' and outputs' names, dtypes and shapes (empty: not recorded)"
+    )
     size: int = Field(description="the bundle file's bytes")
     wire_bytes: int = Field(description="bytes on the wire for a device that holds none of its chunks")
     chunks: dict[str, int] = Field(default_factory=dict, description="chunk sha256 → bytes on the wire")
@@ -75,6 +80,17 @@ class BundleFacts(BaseModel):
             return self.build_latency_ms, "build", f"the build ({self.build_machine or 'host'})"
         return None
 
+    def model_change(self, previous: BundleFacts | None) -> str:
+        """Why this bundle is another model than `previous` (another name, or a graph with other inputs/outputs), or
+        "" when it is the same model or either is unknown: another model has no baseline on the device yet."""
+        if previous is None or not self.model_name or not previous.model_name:
+            return ""
+        if self.model_name != previous.model_name:
+            return f"another model ({previous.model_name} → {self.model_name})"
+        if self.io_signature and previous.io_signature and self.io_signature != previous.io_signature:
+            return f"another graph of {self.model_name} (its inputs or outputs changed)"
+        return ""
+
     def build_agreement(self) -> float | None:
         """The share of golden inputs whose argmax the build's own outputs shared with the FP32 reference (its
         manifest's floor is that share less one input): 1.0 for an FP32 bundle, less for a lower precision."""
@@ -88,6 +104,14 @@ class BundleFacts(BaseModel):
             return None
         bands = [b.agreement for b in self.golden.values()]
         return Band(lo=min(b.lo for b in bands), hi=min(b.hi for b in bands))
+
+
+def io_signature(manifest: Manifest) -> str:
+    """What tells one graph of a model from another: its inputs' and outputs' names, dtypes and shapes. A retrained
+    model (new weights, same graph) keeps it, and stays the same model, judged against its previous version."""
+    tensors = [t.model_dump(mode="json") for t in (*manifest.inputs, *manifest.outputs)]
+    blob = json.dumps({"inputs": len(manifest.inputs), "tensors": tensors}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
 
 
 def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | GoldenPrompts | None) -> BundleFacts:
@@ -106,7 +130,8 @@ def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | GoldenP
             farm.setdefault(m.profile, []).append(m.p50_ms)
     latency = manifest.latency
     return BundleFacts(
-        bundle_id=manifest.bundle_id, profile=manifest.profile, size=transfer.size, wire_bytes=wire, chunks=chunks,
+        bundle_id=manifest.bundle_id, profile=manifest.profile, model_name=manifest.model_name,
+        io_signature=io_signature(manifest), size=transfer.size, wire_bytes=wire, chunks=chunks,
         golden_count=manifest.golden.count, golden_min_agreement=manifest.golden.min_agreement,
         golden=_bands(golden, manifest),
         build_latency_ms=latency.median_ms if latency is not None and latency.median_ms > 0 else None,
@@ -159,4 +184,4 @@ def record_facts(store: Store, bundle: Path, manifest: Manifest, transfer: Trans
     return facts
 
 
-__all__ = ["BundleFacts", "facts_from_bundle", "facts_of", "read_golden", "record_facts"]
+__all__ = ["BundleFacts", "facts_from_bundle", "facts_of", "io_signature", "read_golden", "record_facts"]

@@ -30,6 +30,21 @@ no tail to compare with. Those measurements are back-to-back runs; a quiet devic
 wakes the runtime's threads (0.26 ms more than a back-to-back run for the digits CNN here, 0.29 ms against 0.024
 ms), so `quiet_call_ms` is added to that limit: without it a 0.02 ms model failed its first rollout on a loaded
 machine (p50 0.303 ms against 10 × 1.5 × 0.018 ms).
+
+**Another model** (another name, or another source graph than the bundle the device runs: `BundleFacts.model_change`)
+is never held to the previous model's speed: the device's figures on the previous bundle tell how this device runs
+compared with the build, not how fast the new model is. So the new bundle's own measurement (farm, else build) is
+scaled to the device by the previous bundle's device-to-build ratio, each bundle measured the same way
+(`scale_to_device`): expected = the previous p50 on this device × new build ÷ previous build. A device's p50 also
+holds a fixed part no build measures (a quiet device's call, up to `quiet_call_ms`), which does not scale: for a
+new model faster at build than the previous one, that part is kept whole (expected = previous p50 × s + c × (1 - s),
+s the build ratio, c the fixed part), the most the device's figures allow. The p50 is judged against factor × that
+expectation, noise-aware as above (the previous bundle's window and the new one's); the tail is not (another
+model's tail has its own shape). A model really 2× slower on the device than its build fails as it would against its
+own previous version. With no usable previous window, or no build figure for either bundle, the new bundle is
+judged against its own measurement alone (`build_factor`/`farm_factor`), as on a device that ran nothing.
+
+Every failure names the figure, where its baseline came from and the flag that changes the outcome.
 """
 
 from __future__ import annotations
@@ -37,6 +52,8 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from edgefleet.control.rollout.judge.evidence import Finding, Metrics, Thresholds
 
@@ -46,6 +63,52 @@ _K95 = math.sqrt(0.95 * 0.05) / 0.10314  # √(p(1-p)) / φ(1.645)
 _K50 = math.sqrt(0.25) / 0.39894  # √(p(1-p)) / φ(0)
 
 Source = Literal["farm", "build"]
+Measured = tuple[float, Source, str]
+FACTOR_HINT = "to allow it: --max-latency-factor (or --latency-slack-ms)"
+
+
+class Scaled(BaseModel):
+    """Another model's own measurement scaled to one device by the previous bundle's device-to-build ratio."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    expected_ms: float
+    build_ms: float
+    previous_build_ms: float
+    previous_device_ms: float
+    fixed_ms: float
+    where: str
+    previous: Metrics
+
+    @property
+    def describe(self) -> str:
+        fixed = f" with its {self.fixed_ms:.3f} ms fixed part kept whole" if self.fixed_ms else ""
+        return (
+            f"the new model's own {self.build_ms:.3f} ms ({self.where}) scaled to this device by its previous "
+            f"bundle {self.previous.bundle_id} ({self.previous_device_ms:.3f} ms here against "
+            f"{self.previous_build_ms:.3f} ms measured the same way){fixed}: {self.expected_ms:.3f} ms"
+        )
+
+
+def scale_to_device(
+    previous: Metrics | None, measured: Measured | None, previous_measured: Measured | None, t: Thresholds
+) -> Scaled | None:
+    """`measured` (the new bundle's own median for the device's profile) scaled to the device by the previous
+    bundle's p50 there over its own median, both measured the same way (farm or build); None when any is lacking."""
+    if previous is None or not usable(previous, t) or previous.p50_ms is None or previous.p50_ms <= 0:
+        return None
+    if measured is None or previous_measured is None or measured[1] != previous_measured[1]:
+        return None
+    new, old = measured[0], previous_measured[0]
+    if new <= 0 or old <= 0:
+        return None
+    ratio, device = new / old, previous.p50_ms
+    fixed = min(t.quiet_call_ms, device) if ratio < 1 else 0.0
+    expected = device * ratio + fixed * (1 - ratio)
+    return Scaled(
+        expected_ms=expected, build_ms=new, previous_build_ms=old, previous_device_ms=device, fixed_ms=fixed,
+        where=measured[2], previous=previous,
+    )  # fmt: skip
 
 
 def sigma(m: Metrics) -> float:
@@ -75,13 +138,14 @@ def usable(m: Metrics | None, t: Thresholds) -> bool:
 
 
 def judge_latency(
-    baseline: Metrics | None, observed: Metrics, t: Thresholds, measured: tuple[float, Source, str] | None = None,
-    final: bool = True,
+    baseline: Metrics | None, observed: Metrics, t: Thresholds, measured: Measured | None = None,
+    final: bool = True, scaled: Scaled | None = None,
 ) -> Finding | None:  # fmt: skip
     """The latency finding for one device. `measured`: the bundle's own median for the device's profile, where it
     was measured ("farm" or "build") and a description, used when the device has no usable baseline. `final`:
-    the observe window has ended, so a breach is a failure (before: pending)."""
-    finding = _judge(baseline, observed, t, measured)
+    the observe window has ended, so a breach is a failure (before: pending). `scaled`: another model's own
+    measurement scaled to the device (then `baseline` must be None: the previous model's speed is not this one's)."""
+    finding = _judge(baseline, observed, t, measured, scaled)
     if finding is not None and finding.ok is False and not final:
         return finding.model_copy(
             update={"ok": None, "pending": True, "detail": f"not judged: over the limit so far: {finding.detail}; "
@@ -91,7 +155,7 @@ def judge_latency(
 
 
 def _judge(
-    baseline: Metrics | None, observed: Metrics, t: Thresholds, measured: tuple[float, Source, str] | None
+    baseline: Metrics | None, observed: Metrics, t: Thresholds, measured: Measured | None, scaled: Scaled | None
 ) -> Finding | None:
     factor = t.max_latency_factor
     if factor is None:
@@ -102,6 +166,8 @@ def _judge(
             detail = "not judged: the device's latency window still holds mostly the previous bundle's requests"
         return Finding(criterion="latency", ok=None, pending=True, detail=detail)
     z = _z(t.latency_confidence)
+    if scaled is not None:
+        return _against_scaled(observed, t, factor, z, scaled)
     if usable(baseline, t) and baseline is not None:
         return _against_baseline(baseline, observed, t, factor, z)
     if measured is not None:
@@ -131,14 +197,15 @@ def _against_baseline(baseline: Metrics, observed: Metrics, t: Thresholds, facto
         return Finding(
             criterion="latency", ok=False,
             detail=f"p95 {observed.p95_ms:.3f} ms (at least {low95:.3f} ms at {t.latency_confidence:.0%} "
-            f"confidence, {count}) exceeds {_limit(factor, baseline.p95_ms, t, drift, limit95)}",
+            f"confidence, {count}) exceeds {_limit(factor, baseline.p95_ms, t, drift, limit95)}; "
+            f"{_device_source(baseline)}; {FACTOR_HINT}",
         )  # fmt: skip
     if centre and low50 > limit50:
         return Finding(
             criterion="latency", ok=False,
             detail=f"p50 {observed.p50_ms:.3f} ms (at least {low50:.3f} ms at {t.latency_confidence:.0%} "
             f"confidence, {count}) exceeds {_limit(factor, baseline.p50_ms, t, drift, limit50, 'p50 ')}; "
-            f"p95 {observed.p95_ms:.3f} ms",
+            f"p95 {observed.p95_ms:.3f} ms; {_device_source(baseline)}; {FACTOR_HINT}",
         )  # fmt: skip
     if high95 > factor * factor * baseline.p95_ms + t.latency_slack_ms + drift:
         return Finding(
@@ -159,6 +226,35 @@ def _against_baseline(baseline: Metrics, observed: Metrics, t: Thresholds, facto
     )  # fmt: skip
 
 
+def _device_source(baseline: Metrics) -> str:
+    return f"baseline: the same model's previous bundle {baseline.bundle_id} on this device"
+
+
+def _against_scaled(observed: Metrics, t: Thresholds, factor: float, z: float, scaled: Scaled) -> Finding:
+    assert observed.p95_ms is not None
+    centre = observed.p50_ms if observed.p50_ms is not None else observed.p95_ms
+    se50 = math.hypot(_se(scaled.previous, _K50), _se(observed, _K50))
+    low50, high50 = centre * math.exp(-z * se50), centre * math.exp(z * se50)
+    drift = scaled.previous.p50_drift_ms * max(1.0, scaled.build_ms / scaled.previous_build_ms)
+    limit = factor * scaled.expected_ms + t.latency_slack_ms + drift
+    extra = "".join(
+        f" + {name} {value:.3f} ms" for name, value in (("slack", t.latency_slack_ms), ("its drift", drift)) if value
+    )
+    head = (
+        f"p50 {centre:.3f} ms (p95 {observed.p95_ms:.3f} ms, {samples(observed)} samples) of another model "
+        f"against {factor:g} × {scaled.expected_ms:.3f} ms{extra} = {limit:.3f} ms; baseline: {scaled.describe}"
+    )
+    if low50 > limit:
+        return Finding(
+            criterion="latency", ok=False,
+            detail=f"{head}: at least {low50:.3f} ms at {t.latency_confidence:.0%} confidence, over the limit; "
+            f"{FACTOR_HINT}",
+        )  # fmt: skip
+    if high50 > factor * limit:
+        return Finding(criterion="latency", ok=None, pending=True, detail=f"not judged: {head}: still within the noise")
+    return Finding(criterion="latency", ok=True, detail=f"{head}: within")
+
+
 def _limit(factor: float, base: float | None, t: Thresholds, drift: float, limit: float, what: str = "") -> str:
     extra = "".join(
         f" + {name} {value:.3f} ms" for name, value in (("slack", t.latency_slack_ms), ("its drift", drift)) if value
@@ -166,9 +262,7 @@ def _limit(factor: float, base: float | None, t: Thresholds, drift: float, limit
     return f"{factor:g} × baseline {what}{base or 0:.3f} ms{extra} = {limit:.3f} ms"
 
 
-def _against_measurement(
-    observed: Metrics, t: Thresholds, factor: float, z: float, measured: tuple[float, Source, str]
-) -> Finding:
+def _against_measurement(observed: Metrics, t: Thresholds, factor: float, z: float, measured: Measured) -> Finding:
     assert observed.p95_ms is not None
     median, source, where = measured
     centre = observed.p50_ms if observed.p50_ms is not None else observed.p95_ms  # older agents: the p95 bounds it
@@ -184,7 +278,8 @@ def _against_measurement(
     if low50 > limit:
         return Finding(
             criterion="latency", ok=False,
-            detail=f"{head}: exceeds {_allowed(factor, allowance, median, t, limit)}",
+            detail=f"{head}: exceeds {_allowed(factor, allowance, median, t, limit)}; baseline: the bundle's own "
+            f"measurement, no figure of this device; {FACTOR_HINT}",
         )  # fmt: skip
     if high50 > factor * limit:
         return Finding(
@@ -203,4 +298,4 @@ def _allowed(factor: float, allowance: float, median: float, t: Thresholds, limi
     return f"{factor:g} × {allowance:g} × {median:.3f}{extra} = {limit:.3f} ms"
 
 
-__all__ = ["SIGMA_FLOOR", "judge_latency", "sigma", "usable"]
+__all__ = ["SIGMA_FLOOR", "Measured", "Scaled", "judge_latency", "scale_to_device", "sigma", "usable"]

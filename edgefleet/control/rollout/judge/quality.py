@@ -39,14 +39,29 @@ def quality_figures(points: Sequence[QualityPoint]) -> dict[str, Any]:
     }
 
 
-def golden(baseline: Metrics | None, observed: Metrics, t: Thresholds) -> Finding | None:
+RECONVERT_HINT = (
+    "reconvert with a tighter accuracy budget (edgefleet convert --max-drop) so a more precise recipe ships"
+)
+DROP_HINT = f"to allow it: --max-golden-drop, or {RECONVERT_HINT}"
+
+
+def golden(
+    baseline: Metrics | None, observed: Metrics, t: Thresholds, *, baseline_from: str = "", floor_from: str = ""
+) -> Finding | None:
+    """`baseline_from`: where the baseline's golden figures came from (default: the previous bundle on this
+    device); `floor_from`: who set `t.min_golden_agreement` (default: the operator's --min-golden)."""
     if t.max_golden_drop is None and t.min_golden_agreement is None:
         return None
     if observed.golden_failed:
         output, why = sorted(observed.golden_failed.items())[0]
         more = f" (and {len(observed.golden_failed) - 1} more outputs)" if len(observed.golden_failed) > 1 else ""
-        return Finding(criterion="golden", ok=False, detail=f"golden check of output {output} fails: {why}{more}")
-    legacy = _agreement(baseline, observed, t)
+        return Finding(
+            criterion="golden", ok=False,
+            detail=f"golden check of output {output} fails: {why}{more}; baseline: the tolerance the bundle's own "
+            f"build signed into its manifest, checked by the device; to change it: {RECONVERT_HINT}",
+        )  # fmt: skip
+    source = baseline_from or (f"the previous bundle {baseline.bundle_id} on this device" if baseline else "")
+    legacy = _agreement(baseline, observed, t, source, floor_from or "the operator's --min-golden")
     if legacy is not None and legacy.ok is False:
         return legacy
     drop = t.max_golden_drop
@@ -57,7 +72,7 @@ def golden(baseline: Metrics | None, observed: Metrics, t: Thresholds) -> Findin
                 return Finding(
                     criterion="golden", ok=False,
                     detail=f"golden score of output {output} {score:.4f} is below baseline {before:.4f} − {drop:g} "
-                    f"= {before - drop:.4f}",
+                    f"= {before - drop:.4f}; baseline: {source}; {DROP_HINT}",
                 )  # fmt: skip
     if observed.golden_scores and (legacy is None or legacy.ok is None):
         lowest, output = min((s, o) for o, s in observed.golden_scores.items())
@@ -69,13 +84,22 @@ def golden(baseline: Metrics | None, observed: Metrics, t: Thresholds) -> Findin
     return legacy
 
 
-def _agreement(baseline: Metrics | None, observed: Metrics, t: Thresholds) -> Finding | None:
+def _agreement(
+    baseline: Metrics | None, observed: Metrics, t: Thresholds, source: str, floor_from: str
+) -> Finding | None:
     floors = []
     if t.min_golden_agreement is not None:
-        floors.append((t.min_golden_agreement, f"the floor {t.min_golden_agreement:.3f}"))
+        hint = f"to change it: {RECONVERT_HINT}" if "--min-golden" not in floor_from else "to change it: --min-golden"
+        floors.append((t.min_golden_agreement, f"the floor {t.min_golden_agreement:.3f}; floor: {floor_from}; {hint}"))
     if t.max_golden_drop is not None and baseline is not None and baseline.golden_agreement is not None:
         floor = baseline.golden_agreement - t.max_golden_drop
-        floors.append((floor, f"baseline {baseline.golden_agreement:.3f} − {t.max_golden_drop:g} = {floor:.3f}"))
+        floors.append(
+            (
+                floor,
+                f"baseline {baseline.golden_agreement:.3f} − {t.max_golden_drop:g} = {floor:.3f}; baseline: {source}; "
+                f"{DROP_HINT}",
+            )
+        )
     if observed.golden_agreement is None:
         return Finding(criterion="golden", ok=None, pending=True, detail="not judged: no golden result reported yet")
     if not floors:
@@ -85,6 +109,8 @@ def _agreement(baseline: Metrics | None, observed: Metrics, t: Thresholds) -> Fi
         )  # fmt: skip
     floor, why = max(floors)
     ok = observed.golden_agreement >= floor - 1e-9
+    if ok:
+        why = why.split("; ")[0]
     verb = "meets" if ok else "is below"
     return Finding(criterion="golden", ok=ok, detail=f"golden agreement {observed.golden_agreement:.3f} {verb} {why}")
 

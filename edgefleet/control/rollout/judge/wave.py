@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 from edgefleet.control.rollout.judge.drift import drift, drift_figures
 from edgefleet.control.rollout.judge.evidence import JUDGED, Criterion, Finding, Metrics, Thresholds, check_thresholds
-from edgefleet.control.rollout.judge.latency import Source, judge_latency
+from edgefleet.control.rollout.judge.latency import Measured, Scaled, judge_latency
 from edgefleet.control.rollout.judge.quality import field_accuracy, golden, quality_figures
 from edgefleet.control.store import QualityPoint, TelemetryPoint
 
@@ -81,16 +81,19 @@ def summarize(
 
 
 def judge_device(
-    baseline: Metrics | None, observed: Metrics, t: Thresholds, measured: tuple[float, Source, str] | None = None,
-    final: bool = True,
+    baseline: Metrics | None, observed: Metrics, t: Thresholds, measured: Measured | None = None,
+    final: bool = True, *, scaled: Scaled | None = None, floor_from: str = "",
 ) -> list[Finding]:  # fmt: skip
-    """Each enabled criterion for one device of a wave. `measured`: the bundle's own latency for the device's
-    profile (judge/latency.py), the baseline where the device has none; `final`: the observe window has ended
-    (latency is judged slower only then)."""
+    """Each enabled criterion for one device. `measured`: the bundle's own latency for the device's profile
+    (judge/latency.py), the baseline where the device has none; `final`: the observe window has ended (latency is
+    judged slower only then). Another model than the device ran has no baseline there (`baseline` None): its
+    latency is judged against its own measurement `scaled` to the device, its golden figures against its own floor
+    (`t.min_golden_agreement`, set by `floor_from`)."""
     return [
         f
         for f in (
-            judge_latency(baseline, observed, t, measured, final), golden(baseline, observed, t), _errors(observed, t),
+            judge_latency(baseline, observed, t, measured, final, scaled),
+            golden(baseline, observed, t, floor_from=floor_from), _errors(observed, t),
             field_accuracy(baseline, observed, t), drift(observed, t),
         )
         if f is not None
@@ -107,8 +110,10 @@ def settle(findings: Sequence[Finding], allowed: Iterable[Criterion] = ()) -> li
             if f.criterion in allow:
                 f = f.model_copy(update={"pending": False, "detail": f"not judged, allowed by the operator: {reason}"})
             else:
+                hint = f"; to pass it unjudged: --allow-unjudged {f.criterion}" if f.criterion in JUDGED else ""
+                hint += (", or" if hint else "; to wait longer:") + " a longer --report-timeout"
                 f = f.model_copy(
-                    update={"ok": False, "pending": False, "detail": f"no data for {f.criterion}: {reason}"}
+                    update={"ok": False, "pending": False, "detail": f"no data for {f.criterion}: {reason}{hint}"}
                 )
         settled.append(f)
     return settled
@@ -127,7 +132,8 @@ def _errors(observed: Metrics, t: Thresholds) -> Finding | None:
     return Finding(
         criterion="errors",
         ok=ok,
-        detail=f"error rate {rate:.2%} ({observed.errors}/{total}{probes}) {verb} the limit {t.max_error_rate:.2%}",
+        detail=f"error rate {rate:.2%} ({observed.errors}/{total}{probes}) {verb} the limit {t.max_error_rate:.2%}"
+        + ("" if ok else "; the device's own answers on the new bundle; to allow it: --max-error-rate"),
     )
 
 
