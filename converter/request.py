@@ -69,6 +69,9 @@ class ProfileResult:
     head_to_head: dict[str, object] | None = None  # the finalists re-timed together (converter.timing.head_to_head)
     roofline: dict[str, dict[str, object]] = field(default_factory=dict)  # per candidate (converter.roofline)
     limits: dict[str, object] | None = None  # this machine's measured limits the rooflines are set against
+    # Under --time-budget: the budget, the seconds spent when this profile was done, and what the budget cut
+    # (converter.deadline.Cut as dicts: what, how), in the order it was cut.
+    time_budget: dict[str, object] | None = None
 
 
 __all__ = ["ConvertRequest", "ProfileResult"]
