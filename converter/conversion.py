@@ -144,6 +144,7 @@ def convert(
             cache=BuildCache(request.cache_dir) if request.cache_dir else None,
             budget_s=request.time_budget_s,
             progress=progress,
+            lean=bool(cut),
         )
         if request.time_budget_s:  # the timing rounds and the bundle: 10 s, or a fifth of a larger budget
             ws.reserve_s = max(ws.reserve_s, 0.2 * request.time_budget_s)
