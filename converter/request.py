@@ -34,7 +34,7 @@ class ConvertRequest:
     metric: str | None = None  # a task metric (converter.metrics) or path.py:function; None = chosen from outputs
     min_score: float | None = None  # an absolute bar on the metric instead of a drop below FP32
     # The conversion's wall-time bound, from the start (converter.deadline): builds stop at it, the timing and the
-    # bundle get the last 10 s; the first FP32 candidate is always built. None: no bound (`edgefleet convert` defaults to 60 s).
+    # bundle get the last 10 s; the first FP32 candidate is always built. None: no bound (the CLI's default: 60 s).
     time_budget_s: float | None = None
     prune: bool = True  # skip building, scoring and timing candidates that cannot win (False: every one, to study)
     # Language models (converter.generative; --calib and --eval are text files). None: the documented defaults
