@@ -126,7 +126,11 @@ def convert(
         evaluation=evaluation,
         reference=reference,
         plan=plan,
-        data_sha={"calib": sha256_file(request.calib), "eval": sha256_file(request.eval)}
+        # A cut evaluation set (sized_reference) is other data for the build cache: its outputs are fewer samples.
+        data_sha={
+            "calib": sha256_file(request.calib),
+            "eval": sha256_file(request.eval) + (f"[:{len(evaluation)}]" if cut else ""),
+        }
         | ({"torch": sha256_file(request.torch_model)} if request.torch_model else {}),
         pins=pins,
         user_dims=user_dims,
