@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from edgefleet.converter import phases
+from edgefleet.converter import deadline, phases
 from edgefleet.converter.bundle import write_bundle
 from edgefleet.converter.generative.source import is_generative
 from edgefleet.converter.model import SourceModel, load_model
@@ -55,6 +55,11 @@ from edgefleet.core.tensors import Dataset, load_dataset
 log = logging.getLogger(__name__)
 __all__ = ["convert"]
 
+REFERENCE_SHARE = 0.15  # under --time-budget, of the budget for the FP32 reference on the evaluation set
+MIN_EVAL_SAMPLES = 2  # ... which keeps at least this many samples, however slow the machine
+ROOFLINE_MIN_LEFT_S = 5.0  # under --time-budget, the rooflines (and this machine's limits) need this much left
+LIMITS_MIN_LEFT_S = 30.0  # ... and measuring this machine's limits for them, when no cache holds them
+PLOT_MIN_LEFT_S = 5.0  # ... and the report's latency-vs-accuracy plots (matplotlib's import alone takes seconds)
 GENERATIVE_OPTIONS = ("max_perplexity_ratio", "min_next_token_agreement", "prompt_tokens", "output_tokens")
 
 
@@ -95,7 +100,10 @@ def convert(
     evaluation = _load(request.eval, inputs, "evaluation")
     _check_runs(runnable, pins, calib, "calibration", request.calib, inputs)
     progress("reference: running the FP32 source model on the evaluation set")
-    reference = predict(_with_pins(ort_runner(runnable, request.threads), pins), evaluation)
+    with deadline.recording_cuts() as cut:
+        reference, evaluation = sized_reference(
+            _with_pins(ort_runner(runnable, request.threads), pins), evaluation, request.time_budget_s
+        )
     outputs, warnings = checked_outputs(source.outputs, reference)
     for warning in warnings:
         progress(f"warning: {warning}")
@@ -118,7 +126,11 @@ def convert(
         evaluation=evaluation,
         reference=reference,
         plan=plan,
-        data_sha={"calib": sha256_file(request.calib), "eval": sha256_file(request.eval)}
+        # A cut evaluation set (sized_reference) is other data for the build cache: its outputs are fewer samples.
+        data_sha={
+            "calib": sha256_file(request.calib),
+            "eval": sha256_file(request.eval) + (f"[:{len(evaluation)}]" if cut else ""),
+        }
         | ({"torch": sha256_file(request.torch_model)} if request.torch_model else {}),
         pins=pins,
         user_dims=user_dims,
@@ -136,6 +148,7 @@ def convert(
             cache=BuildCache(request.cache_dir) if request.cache_dir else None,
             budget_s=request.time_budget_s,
             progress=progress,
+            lean=bool(cut),
         )
         if request.time_budget_s:  # the timing rounds and the bundle: 10 s, or a fifth of a larger budget
             ws.reserve_s = max(ws.reserve_s, 0.2 * request.time_budget_s)
@@ -146,11 +159,56 @@ def convert(
             if request.time_budget_s:  # the budget counts from the start; each profile gets its share of what is left
                 left = started + request.time_budget_s - time.monotonic()
                 ws.deadline = time.monotonic() + left / (len(request.profiles) - index + 1)
-            results.append(_convert_profile(request, loaded, ws, profile, facts, providers, farm))
+            with deadline.recording_cuts() as cuts:
+                result = _convert_profile(request, loaded, ws, profile, facts, providers, farm)
+            if request.time_budget_s:
+                result.time_budget = {
+                    "budget_s": request.time_budget_s,
+                    "seconds": round(time.monotonic() - started, 1),
+                    "cut": [asdict(c) for c in cut + cuts],
+                }
+            results.append(result)
         if request.report:
             progress("writing the conversion report")
-            write_report(request, source, plan.name, results, ws.work)
+            remaining = None if not request.time_budget_s else started + request.time_budget_s - time.monotonic()
+            plot = remaining is None or remaining >= PLOT_MIN_LEFT_S
+            for done in results if not plot else []:
+                listed = done.time_budget["cut"] if done.time_budget else []
+                assert isinstance(listed, list)
+                listed.append(
+                    asdict(deadline.Cut("report plot", f"not drawn: {max(remaining or 0.0, 0.0):.0f} s were left"))
+                )
+            write_report(request, source, plan.name, results, ws.work, plot=plot)
     return results
+
+
+def sized_reference(
+    runner: Runner, evaluation: Dataset, budget_s: float | None
+) -> tuple[dict[str, np.ndarray], Dataset]:
+    """The FP32 reference: the source model's outputs on the evaluation set, and the set they are for. Under a time
+    budget, only as many samples as fit REFERENCE_SHARE of it (at least MIN_EVAL_SAMPLES): every candidate is
+    evaluated on the same samples, so on a slow or busy machine each evaluation costs about as much as this one,
+    and the budget holds. The cut is recorded (converter.deadline)."""
+    if not budget_s:
+        return predict(runner, evaluation), evaluation
+    started, outputs = time.monotonic(), []
+    for index in range(len(evaluation)):
+        took = time.monotonic() - started
+        if index >= MIN_EVAL_SAMPLES and took + took / index > REFERENCE_SHARE * budget_s:
+            break  # the next sample would overrun the share
+        one = Dataset({k: v[index : index + 1] for k, v in evaluation.inputs.items()}, None)
+        outputs.append(predict(runner, one))
+    count = len(outputs)
+    if count < len(evaluation):
+        took = time.monotonic() - started
+        deadline.cut(
+            "evaluation set",
+            f"{count} of {len(evaluation)} samples: the FP32 reference took {took / count:.2f} s a sample, and "
+            f"{REFERENCE_SHARE:.0%} of the {budget_s:g} s budget is kept for it (every candidate is judged and "
+            "the golden set drawn on these samples)",
+        )
+    reference = {name: np.concatenate([o[name] for o in outputs]) for name in outputs[0]}
+    return reference, evaluation.head(count)
 
 
 def _parse_pins(source: SourceModel, pins: dict[str, str]) -> dict[str, np.ndarray]:
@@ -297,7 +355,17 @@ def _convert_profile(
     assert found.choice is not None
     chosen = found.choice.chosen
     report = [asdict(c) for c in ([chosen] if chosen else []) + found.choice.rejected]
-    limits, lines = _rooflines(request, loaded, found, on_devices is not None) if request.report else (None, {})
+    limits: dict[str, object] | None = None
+    lines: dict[str, dict[str, object]] = {}
+    left = None if ws.deadline is None else ws.deadline - time.monotonic()
+    if request.report and left is not None and left < ROOFLINE_MIN_LEFT_S:
+        deadline.cut("roofline", f"not measured: {max(left, 0.0):.0f} s were left of the time budget")
+    elif request.report:
+        measure = left is None or left >= LIMITS_MIN_LEFT_S
+        limits, lines = _rooflines(request, loaded, found, on_devices is not None, measure)
+        if not measure and lines:
+            deadline.cut("machine limits", f"not measured ({left or 0.0:.0f} s were left; on a busy machine it takes "
+                         "tens of seconds): the rooflines are set against no limit")  # fmt: skip
     for candidate in report:
         line = lines.get(str(candidate["name"]), {})
         candidate["limit_pct"], candidate["bound"] = line.get("limit_pct"), line.get("bound")
@@ -329,10 +397,11 @@ def _convert_profile(
 
 
 def _rooflines(
-    request: ConvertRequest, loaded: SearchRequest, found: ProfileSearch, on_devices: bool
+    request: ConvertRequest, loaded: SearchRequest, found: ProfileSearch, on_devices: bool, measure: bool = True
 ) -> tuple[dict[str, object] | None, dict[str, dict[str, object]]]:
     """This machine's limits at the timing's threads (measured once, cached) and each built candidate's roofline
-    (converter.roofline). Figures the devices measured are set against no limit: theirs are not measured."""
+    (converter.roofline). Figures the devices measured are set against no limit: theirs are not measured; nor are
+    this machine's when `measure` is False (the time budget leaves too little to measure them)."""
     latency = {c.name: c.latency_ms for c in found.candidates if c.measured}
     artifacts, seen = [], set()
     for attempt in found.attempts:
@@ -353,7 +422,7 @@ def _rooflines(
     if not artifacts:
         return None, {}
     threads = found.threads[0] if found.threads else loaded.threads
-    limits = None if on_devices else machine_limits(threads, request.cache_dir)
+    limits = None if on_devices or not measure else machine_limits(threads, request.cache_dir)
     with phases.phase("roofline"):
         lines, limits = judge(artifacts, loaded.evaluation.sample(0), limits)
     if limits is not None and limits.raised:  # a candidate beat a measured peak: keep what it achieved

@@ -6,9 +6,14 @@ takes long calls `check()` between samples (ONNX Runtime's calibration reader, N
 accuracy-control validation, the evaluation of a candidate, the per-layer ranking), so a build runs at most one
 sample and one compile past it. What was built before the deadline is timed and chosen from as usual.
 
-The float recipes (FP32, BF16, FP16) run outside any deadline: a conversion always has a float bundle. Like
-converter.phases, the deadline lives in a context variable, so nothing has to be threaded through the libraries'
-call stacks.
+Only the first FP32 candidate runs outside any deadline: a conversion always has a float bundle. Everything
+else is sized to the time left, however slow the machine is: the FP32 reference is computed on as many evaluation
+samples as fit a share of the budget (so every later evaluation costs about as much), BF16 and FP16 are builds
+like any other, and the timing and the head to head shrink their rounds, or are skipped, to fit what is left
+(converter.search.timing). Whatever the budget cut is recorded with `cut()` and listed in the report.
+
+Like converter.phases, the deadline and the cuts live in context variables, so nothing has to be threaded
+through the libraries' call stacks.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 
 from edgefleet.core.errors import ConversionError
 
-__all__ = ["TimeBudgetSpent", "check", "until"]
+__all__ = ["Cut", "TimeBudgetSpent", "check", "cut", "cuts", "recording_cuts", "until"]
 
 
 class TimeBudgetSpent(ConversionError):
@@ -35,6 +40,40 @@ class _Deadline:
 
 
 _current: ContextVar[_Deadline | None] = ContextVar("edgefleet_build_deadline", default=None)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One thing the time budget cut: `what` (a candidate, a recipe, the timing, the evaluation set) and how."""
+
+    what: str
+    how: str
+
+
+_cuts: ContextVar[list[Cut] | None] = ContextVar("edgefleet_budget_cuts", default=None)
+
+
+@contextmanager
+def recording_cuts() -> Iterator[list[Cut]]:
+    """Collect what `cut()` records in this context (the conversion's report lists it)."""
+    found: list[Cut] = []
+    token = _cuts.set(found)
+    try:
+        yield found
+    finally:
+        _cuts.reset(token)
+
+
+def cut(what: str, how: str) -> None:
+    """Record that the time budget cut `what`; nothing when nobody records (once per what and how)."""
+    found = _cuts.get()
+    if found is not None and Cut(what, how) not in found:
+        found.append(Cut(what, how))
+
+
+def cuts() -> list[Cut]:
+    """What was cut so far in this context."""
+    return list(_cuts.get() or [])
 
 
 @contextmanager

@@ -34,7 +34,7 @@ class ConvertRequest:
     metric: str | None = None  # a task metric (converter.metrics) or path.py:function; None = chosen from outputs
     min_score: float | None = None  # an absolute bar on the metric instead of a drop below FP32
     # The conversion's wall-time bound, from the start (converter.deadline): builds stop at it, the timing and the
-    # bundle get the last 10 s; FP32 is always built. None: no bound (`edgefleet convert` defaults to 60 s).
+    # bundle get the last 10 s; the first FP32 candidate is always built. None: no bound (the CLI's default: 60 s).
     time_budget_s: float | None = None
     prune: bool = True  # skip building, scoring and timing candidates that cannot win (False: every one, to study)
     # Language models (converter.generative; --calib and --eval are text files). None: the documented defaults
@@ -70,6 +70,9 @@ class ProfileResult:
     roofline: dict[str, dict[str, object]] = field(default_factory=dict)  # per candidate (converter.roofline)
     limits: dict[str, object] | None = None  # this machine's measured limits the rooflines are set against
     golden: dict[str, object] | None = None  # the bundle's golden figures and the rollout's floor (GoldenHold)
+    # Under --time-budget: the budget, the seconds spent when this profile was done, and what the budget cut
+    # (converter.deadline.Cut as dicts: what, how), in the order it was cut.
+    time_budget: dict[str, object] | None = None
 
 
 __all__ = ["ConvertRequest", "ProfileResult"]

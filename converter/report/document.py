@@ -24,8 +24,14 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def write_report(
-    request: ConvertRequest, source: SourceModel, metric: str, results: list[ProfileResult], work: Path
+    request: ConvertRequest,
+    source: SourceModel,
+    metric: str,
+    results: list[ProfileResult],
+    work: Path,
+    plot: bool = True,
 ) -> dict[str, Path]:
+    """`plot`: draw each profile's latency-vs-accuracy plot (False when the time budget leaves no time for it)."""
     stem = f"{request.name}-{request.version}"
     document: dict[str, Any] = {
         "model": str(request.model),
@@ -40,7 +46,7 @@ def write_report(
     _atomic_write(written["json"], json.dumps(document, indent=2, default=str).encode("utf-8"))
     plots: dict[str, str] = {}
     for result in results:
-        png = _plot(result, metric, work)
+        png = _plot(result, metric, work) if plot else None
         if png is not None:
             target = request.out / f"{stem}-{result.profile}.png"
             _atomic_write(target, png.read_bytes())
@@ -168,6 +174,15 @@ def _roofline_table(profile: dict[str, Any]) -> str:
     return caption + "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
 
 
+def _time_budget_table(spent: dict[str, Any]) -> str:
+    """What --time-budget cut (converter.deadline): one row per cut, or a line saying nothing was."""
+    caption = f"<p>time budget {spent['budget_s']:g} s, this profile done at {spent['seconds']:g} s: "
+    if not spent["cut"]:
+        return caption + "nothing cut</p>"
+    rows = "".join(f"<tr><td>{_cell(c['what'])}</td><td>{_cell(c['how'])}</td></tr>" for c in spent["cut"])
+    return caption + "what it cut</p><table><tr><th>cut</th><th>how</th></tr>" + rows + "</table>"
+
+
 def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -190,6 +205,8 @@ def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
             parts.append(f"<p class='golden'>{html.escape(held.summary())} ({html.escape(held.runtime)})</p>")
         if profile["notes"]:
             parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in profile["notes"]) + "</ul>")
+        if profile.get("time_budget"):
+            parts.append(_time_budget_table(profile["time_budget"]))
         if profile.get("farm"):
             parts.append(_farm_table(profile["farm"]))
         if profile.get("head_to_head"):

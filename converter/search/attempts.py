@@ -81,22 +81,30 @@ def build_all(
     for done, (recipe, prepared) in enumerate(recipes):
         target = recipe.target.target
         phases.step("build", done, len(recipes), f"{target.runtime} {recipe.precision}")
-        if _spent(ws) and recipe.precision not in FLOAT_PRECISIONS:
-            stage.out.notes.append(f"{target_label(target)}: {recipe.precision} not tried: the time budget is spent")
+        # Only FP32 is built whatever the time budget says, until one FP32 candidate is inside the accuracy budget
+        # (a conversion always has a float bundle); every other recipe, BF16 and FP16 included, is a build like any
+        # other: not started once the time left is spent, stopped at the deadline (converter.deadline), the timing
+        # reserve kept.
+        exempt = recipe.precision == "fp32" and not any(
+            a.built.passed and a.built.spec.precision == "fp32" for a in stage.out.attempts
+        )
+        if _spent(ws) and not exempt:
+            label = f"{target_label(target)} {recipe.precision}"
+            stage.out.notes.append(f"{label} not tried: the time budget is spent")
+            deadline.cut(label, "not tried: the time budget was spent before it could start")
             continue
-        # A build in progress stops at the deadline (converter.deadline), the timing reserve kept; the float recipes
-        # (one export and one evaluation each, no calibration) always run: a conversion has FP32, and BF16 or FP16
-        # where the target lists them.
-        stop = None if recipe.precision in FLOAT_PRECISIONS else ws.build_deadline
-        with deadline.until(stop, ws.budget_s or 0.0):
+        with deadline.until(None if exempt else ws.build_deadline, ws.budget_s or 0.0):
+            before = len(stage.out.attempts)
             stage.precision(recipe, prepared)
+        for attempt in stage.out.attempts[before:]:
+            if attempt.built.error and attempt.built.error.startswith("stopped: the time budget"):
+                deadline.cut(attempt.built.spec.name, "stopped at the deadline before it finished: not judged")
         if ws.deadline is not None:  # a slow model needs more of the budget for its timing and golden set
             ws.reserve_s = max(ws.reserve_s, _reserve_for(request, stage.out.attempts))
     phases.step("build", len(recipes), len(recipes), "done")
     return stage.out
 
 
-FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")  # built whatever the time budget says
 RESERVE_RUNS = 100  # inferences the timing takes after the builds (the finalists' rounds at the fewest runs)
 RESERVE_FIXED_S = 3.0  # ... and the bundle: signing, the manifest
 GOLDEN_BYTES_PER_S = 30e6  # ... and its golden set: inputs, reference and expected outputs, deflated
@@ -151,6 +159,8 @@ class _Stage:
                     f"{built.spec.name}: no further retries: the time budget is spent (a retry takes about "
                     f"{took:.0f} s, and the timing needs {self.ws.reserve_s:.0f} s)"
                 )
+                if not (built.error or "").startswith("stopped: the time budget"):
+                    deadline.cut(f"{built.spec.name} retries", f"not tried: a retry takes about {took:.0f} s")
                 return
             # Each retry keeps at least as much in float as the one before: the latest is the tightest bound.
             bound = built.eval_ms if len(built.eval_ms) >= len(bound) else bound

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from edgefleet.converter import deadline
 from edgefleet.converter.search.attempts import build_all
 from edgefleet.converter.search.choose import choose
 from edgefleet.converter.search.gate import Budget
@@ -37,6 +38,10 @@ def search(
     planned = plan(request, profile, facts, providers)
     prepared: dict[tuple[int, str], Prepared] = {}
     sources = {(r.target.index, r.source) for r in planned.recipes}
+    # Under --time-budget the graph of the first FP32 recipe is always prepared (a conversion has a float bundle);
+    # another graph, only while time is left, and it stops at the deadline.
+    first_fp32 = next(((r.target.index, r.source) for r in planned.recipes if r.precision == "fp32"), None)
+    failed: set[tuple[int, str]] = set()
     for target in planned.targets:  # the plan's notes and the pipeline's, target by target
         notes.extend(target.notes)
         if target.skipped:
@@ -46,9 +51,19 @@ def search(
             if (target.index, source) not in sources:
                 continue
             opset, static = profile.opset, target.target.static_shapes
-            done = prepare(request, ws, opset.min, opset.max, static, budget, target.decompose, source)
+            key = (target.index, source)
+            exempt = key == first_fp32 or (first_fp32 in failed and not prepared)
+            if not exempt and ws.spent():
+                notes.append(f"{label}: the {source} graph not prepared: the time budget is spent")
+                deadline.cut(f"{label} ({source})", "not prepared: the time budget was spent; its recipes not tried")
+                continue
+            with deadline.until(None if exempt else ws.build_deadline, ws.budget_s or 0.0):
+                done = prepare(request, ws, opset.min, opset.max, static, budget, target.decompose, source)
             if done.model is None:
+                failed.add(key)
                 notes.append(f"{label}: {done.error}")
+                if "the time budget" in (done.error or ""):
+                    deadline.cut(f"{label} ({source})", "stopped at the deadline: its recipes not tried")
                 continue
             notes.extend(f"{label}: {n}" for n in done.notes if f"{label}: {n}" not in notes)
             prepared[(target.index, source)] = done

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import onnx
 
-from edgefleet.converter import phases
+from edgefleet.converter import deadline, phases
 from edgefleet.converter.onnx_graph import dynamic_inputs
 from edgefleet.converter.passes import custom_ops, graph, transformer
 from edgefleet.converter.runners import ort_runner, predict
@@ -178,12 +178,7 @@ def _prepare(
         ("shape-inference", graph.infer_shapes),
     ]
     with phases.phase("prepare"):
-        chained = _all_steps(request, model, steps, budget, done)
-        if chained is not None:
-            model = chained
-        else:  # some step moves the outputs: gate each on its own to find and drop it
-            for name, step in steps:
-                model = _one_step(request, model, name, step, budget, done)
+        model = _graph_passes(request, ws, model, steps, budget, done)
     done.model = model
     log.info("prepared model: %s", [p.name for p in done.passes])
     return done
@@ -195,6 +190,37 @@ def _gate_reason(request: SearchRequest, model: onnx.ModelProto, budget: Budget)
     if reason is None and result.sqnr_db < GRAPH_PASS_MIN_SQNR_DB:
         reason = f"SQNR {result.sqnr_db:.1f} dB under {GRAPH_PASS_MIN_SQNR_DB:.0f} dB for an FP32 graph pass"
     return reason, result.sqnr_db
+
+
+def _graph_passes(
+    request: SearchRequest,
+    ws: Workspace,
+    model: onnx.ModelProto,
+    steps: list[tuple[str, Callable[[onnx.ModelProto], onnx.ModelProto]]],
+    budget: Budget,
+    done: Prepared,
+) -> onnx.ModelProto:
+    """The FP32 graph passes, chained and gated once, else one by one. They only make the graph faster, so under
+    --time-budget they are cut like a build: not started once the builds' deadline has passed, and stopped at it
+    (the graph keeps the steps already gated); not run at all where the budget cut the evaluation set (`ws.lean`:
+    a step cannot be stopped while it runs). The graph as it is still makes the FP32 candidates."""
+    if ws.lean:  # constant folding alone took 32 s of a 60 s budget for u2netp on a busy machine, uninterruptibly
+        done.notes.append("FP32 graph passes not run: the time budget cut the evaluation set (a slow or busy machine)")
+        deadline.cut("FP32 graph passes", "not run: the evaluation set was cut, so the machine has no time for them")
+        return model
+    try:
+        with deadline.until(ws.build_deadline, ws.budget_s or 0.0):
+            deadline.check()
+            chained = _all_steps(request, model, steps, budget, done)
+            if chained is not None:
+                return chained
+            for name, step in steps:  # some step moves the outputs: gate each on its own to find and drop it
+                model = _one_step(request, model, name, step, budget, done)
+    except deadline.TimeBudgetSpent:
+        kept = [p.name for p in done.passes if p.name in {n for n, _ in steps}]
+        done.notes.append(f"FP32 graph passes cut by the time budget (kept: {', '.join(kept) or 'none'})")
+        deadline.cut("FP32 graph passes", f"stopped at the deadline; kept: {', '.join(kept) or 'none'}")
+    return model
 
 
 def _all_steps(
@@ -209,6 +235,7 @@ def _all_steps(
     records: list[tuple[str, int, int]] = []
     notes: list[str] = []
     for name, step in steps:
+        deadline.check()
         try:
             candidate = step(model)
         except ConversionError as err:
@@ -218,6 +245,8 @@ def _all_steps(
         model = candidate
     try:
         reason, sqnr = _gate_reason(request, model, budget)
+    except deadline.TimeBudgetSpent:
+        raise
     except ConversionError:
         return None
     if reason:
@@ -238,9 +267,12 @@ def _one_step(
     budget: Budget,
     done: Prepared,
 ) -> onnx.ModelProto:
+    deadline.check()
     try:
         candidate = step(model)
         reason, sqnr = _gate_reason(request, candidate, budget)
+    except deadline.TimeBudgetSpent:
+        raise
     except ConversionError as err:
         done.notes.append(f"{name} skipped: {err}")
         return model

@@ -180,6 +180,9 @@ class Workspace:
     progress: Progress = quiet
     memo: Memo = field(default_factory=Memo)
     reserve_s: float = TIMING_RESERVE_S  # kept from the deadline for the timing rounds and the bundle
+    # The time budget cut the evaluation set (the machine is too slow or busy for it): optional FP32 work, the graph
+    # passes, is cut too (converter.search.prepare).
+    lean: bool = False
 
     @property
     def statistics(self) -> Path:

@@ -7,6 +7,7 @@ Both return what they measured; neither changes the candidates they are given.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from edgefleet.converter import phases
+from edgefleet.converter import deadline, phases
 from edgefleet.converter.runners import Runner
 from edgefleet.converter.search.attempts import Attempt
 from edgefleet.converter.search.choose import Candidate, Choice
@@ -29,6 +30,7 @@ TIMING_ROUNDS = 7
 FINISH_S = 2.0  # kept from the deadline for writing and signing the bundle
 MIN_RUNS = 5  # timed runs per block, however slow the model
 MIN_RUNS_UNDER_BUDGET = 2  # ... when --time-budget leaves too little for that
+MIN_H2H_ROUNDS = 3  # under --time-budget, a head to head of fewer rounds is not run
 CLEAR_GAP = 1.5  # under --time-budget, a finalist this much slower than the best's p90 is not re-timed
 
 
@@ -36,17 +38,55 @@ def _time_scale(ws: Workspace, candidates: int, ms: float) -> float:
     """Under --time-budget, the share of the usual timing that fits in what is left: the interleaved rounds, then a
     head to head of up to three, each block at least MIN_RUNS runs of about `ms` (the slowest candidate's
     evaluation median) and one untimed run. Blocks get shorter, down to a quarter and MIN_RUNS_UNDER_BUDGET runs;
-    the rounds stay as many. 1.0 without a budget."""
+    the rounds stay as many (`_fit` takes rounds away when even that does not fit). 1.0 without a budget."""
     if ws.deadline is None:
         return 1.0
-    left = ws.deadline - time.monotonic() - FINISH_S
     block = max(TIMING_ROUND_S, (MIN_RUNS + 1) * ms / 1000.0)
     usual = TIMING_ROUNDS * block * candidates + h2h.ROUNDS * block * min(candidates, 3)
-    return max(0.25, min(1.0, left / usual))
+    return max(0.25, min(1.0, _left(ws) / usual))
 
 
 def _min_runs(scale: float) -> int:
     return MIN_RUNS if scale >= 1.0 else max(MIN_RUNS_UNDER_BUDGET, round(MIN_RUNS * scale))
+
+
+def _left(ws: Workspace) -> float:
+    """Seconds left for timing under --time-budget, FINISH_S kept for the bundle (infinite without a budget)."""
+    return float("inf") if ws.deadline is None else ws.deadline - time.monotonic() - FINISH_S
+
+
+@dataclass(frozen=True)
+class TimingFit:
+    """How a timing stage runs: rounds, each block's target seconds and fewest runs, untimed warm-up runs."""
+
+    rounds: int
+    round_s: float
+    min_runs: int
+    warmup: int
+
+    def cost_s(self, blocks: int, ms: float, extra_runs: int = 0) -> float:
+        """About how long `blocks` runners take at `ms` a run: warm-up (or sizing) runs, then per round one
+        untimed run and the block (sized to round_s, at least min_runs), and the wait for other threads."""
+        runs = max(self.min_runs, math.ceil(self.round_s * 1000.0 / max(ms, 1e-3)))
+        per_block = (self.warmup + extra_runs + self.rounds * (1 + runs)) * ms / 1000.0 + self.rounds * SETTLE_S
+        return blocks * per_block
+
+
+SETTLE_S = 0.05  # per block, waiting for another runtime's threads to go quiet (converter.timing.latency.settle)
+
+
+def fit_timing(
+    usual: TimingFit, left: float, blocks: int, ms: float, fewest_rounds: int, extra_runs: int = 0
+) -> TimingFit | None:
+    """`usual` when it fits in `left` seconds; else as many rounds as fit, of one timed run each after one untimed
+    warm-up run (at least `fewest_rounds`, at most the usual); None when even that does not fit."""
+    if usual.cost_s(blocks, ms, extra_runs) <= left:
+        return usual
+    one = TimingFit(1, 0.0, 1, min(1, usual.warmup))
+    per_round = one.cost_s(blocks, ms, extra_runs) - TimingFit(0, 0.0, 1, one.warmup).cost_s(blocks, ms, extra_runs)
+    rounds = min(usual.rounds, math.floor((left - TimingFit(0, 0.0, 1, one.warmup).cost_s(blocks, ms, extra_runs))
+                                          / max(per_round, 1e-9)))  # fmt: skip
+    return None if rounds < fewest_rounds else TimingFit(rounds, 0.0, 1, one.warmup)
 
 
 @dataclass
@@ -68,24 +108,45 @@ def time_candidates(
     `prune`, a candidate stops being timed once it cannot be the fastest: it is named in `stopped`, with why, and
     keeps the figures of the rounds it ran."""
     result = Timing(list(threads))
-    runners: dict[tuple[str, int], Runner] = {}
+    first = threads[0]
+    timed_ones: dict[str, Attempt] = {}  # name → attempt, in order: what would be timed
     for attempt in attempts:
-        built = attempt.built
-        if not built.passed or not attempt.status.measurable:
-            continue  # failed or outside the budget: it cannot be chosen, so it is not timed
-        if built.spec.name in {n for n, _ in runners} or built.spec.name in result.failed:
-            continue
+        if attempt.built.passed and attempt.status.measurable:  # else it cannot be chosen, so it is not timed
+            timed_ones.setdefault(attempt.built.spec.name, attempt)
+    if not timed_ones:
+        return result
+    slowest = max(_evaluation_ms(a) for a in timed_ones.values())
+    scale = _time_scale(ws, len(timed_ones), slowest)
+    usual = TimingFit(TIMING_ROUNDS, TIMING_ROUND_S * scale, _min_runs(scale), max(2, round(10 * scale)))
+    blocks = len(timed_ones) * len(threads)
+    fit = fit_timing(usual, _left(ws), blocks, slowest, 1)
+    if fit is None and all(a.built.eval_ms for a in timed_ones.values()):  # under --time-budget, none left for it
+        deadline.cut("timing", f"not run: {max(_left(ws), 0.0):.0f} s were left, one round of {blocks} runners at "
+                     f"about {slowest:.0f} ms needs more; each candidate's latency is the median of its evaluation "
+                     f"runs at {first} threads")  # fmt: skip
+        for name, attempt in timed_ones.items():
+            values = attempt.built.eval_ms
+            stats = LatencyStats(statistics.median(values), float(np.percentile(values, 90)), len(values))
+            result.by_threads[name] = {first: stats}
+            result.latencies[name] = stats
+        return result
+    fit = fit or TimingFit(1, 0.0, 1, 1)  # a candidate without evaluation runs (from the cache) is timed once at least
+    if fit is not usual:
+        deadline.cut("timing", f"{fit.rounds} round(s) of {fit.min_runs} run instead of {usual.rounds} of at least "
+                     f"{usual.min_runs}: {max(_left(ws), 0.0):.0f} s were left for {blocks} runners at about "
+                     f"{slowest:.0f} ms a run")  # fmt: skip
+    runners: dict[tuple[str, int], Runner] = {}
+    for name, attempt in timed_ones.items():
         try:
             for count in threads:
-                runners[(built.spec.name, count)] = built.runner(count, request.output_names)
+                runners[(name, count)] = attempt.built.runner(count, request.output_names)
         except ConversionError as err:
-            result.failed[built.spec.name] = str(err)
-            runners = {k: v for k, v in runners.items() if k[0] != built.spec.name}
+            result.failed[name] = str(err)
+            runners = {k: v for k, v in runners.items() if k[0] != name}
     if not runners:
         return result
     counts = "/".join(str(t) for t in threads)
     ws.progress(f"{profile}: timing {len(runners)} candidates at {counts} threads, interleaved")
-    first = threads[0]
     runtime_of = {a.built.spec.name: a.built.spec.runtime for a in attempts}
 
     def losers(times: dict[str, list[float]]) -> dict[str, str]:
@@ -93,16 +154,14 @@ def time_candidates(
         result.stopped.update(found)
         return {k: found[k.rsplit("@", 1)[0]] for k in times if k.rsplit("@", 1)[0] in found}
 
-    slowest = max((_evaluation_ms(a) for a in attempts if a.built.spec.name in {n for n, _ in runners}), default=0.0)
-    scale = _time_scale(ws, len({n for n, _ in runners}), slowest)
     with phases.phase("timing"):
         timed = interleaved_latency(
             {f"{n}@{t}": run for (n, t), run in runners.items()},
             request.evaluation,
-            rounds=TIMING_ROUNDS,
-            round_s=TIMING_ROUND_S * scale,
-            min_runs=_min_runs(scale),
-            warmup=max(2, round(10 * scale)),
+            rounds=fit.rounds,
+            round_s=fit.round_s,
+            min_runs=fit.min_runs,
+            warmup=fit.warmup,
             prune=losers if prune else None,
             on_round=lambda done, total: phases.step("timing", done, total, f"{len(runners)} candidates"),
             runtimes={f"{n}@{t}": runtime_of[n] for n, t in runners},
@@ -173,16 +232,33 @@ def _head_to_head(
     timing: Timing,
 ) -> None:
     threads = timing.threads[0]
+    slowest = max((c.latency_ms or 0.0) for c in finalists.values())
+    scale = _time_scale(ws, len(finalists), slowest)
+    usual = TimingFit(h2h.ROUNDS, h2h.ROUND_S * scale, _min_runs(scale), h2h.WARMUP_RUNS)
+    # 3 sizing runs per finalist first; fewer than MIN_H2H_ROUNDS rounds would not decide anything
+    fit = fit_timing(usual, _left(ws), len(finalists), slowest, MIN_H2H_ROUNDS, extra_runs=3)
+    if fit is None:
+        names = ", ".join(finalists)
+        deadline.cut("head to head", f"not run: {max(_left(ws), 0.0):.0f} s were left, {MIN_H2H_ROUNDS} rounds of "
+                     f"{names} at about {slowest:.0f} ms need more; the timing's medians decide")  # fmt: skip
+        out.notes.append(f"head to head of {', '.join(finalists)} not run: the time budget is spent")
+        return
+    if fit is not usual:
+        deadline.cut("head to head", f"{fit.rounds} rounds of {fit.min_runs} run instead of {usual.rounds} of at "
+                     f"least {usual.min_runs}")  # fmt: skip
+    # more rounds while under phase_s only where that fits too
+    more = fit is usual and fit.cost_s(len(finalists), slowest, 3) + h2h.PHASE_S * scale <= _left(ws)
     ws.progress(f"{profile}: head to head: {', '.join(finalists)} at {threads} threads")
     started = time.monotonic()
-    scale = _time_scale(ws, len(finalists), max((c.latency_ms or 0.0) for c in finalists.values()))
     with phases.phase("timing"):
         every, per_round, runs = h2h.time_finalists(
             {n: timing.runners[n] for n in finalists},
             request.evaluation,
-            round_s=h2h.ROUND_S * scale,
+            rounds=fit.rounds,
+            max_rounds=h2h.MAX_ROUNDS if more else fit.rounds,
+            round_s=fit.round_s,
             phase_s=h2h.PHASE_S * scale,
-            min_runs=_min_runs(scale),
+            min_runs=fit.min_runs,
             on_round=lambda done, total: phases.step("timing", done, total, f"head to head of {len(finalists)}"),
             runtimes={n: c.runtime for n, c in finalists.items()},
         )

@@ -225,6 +225,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 print(f"  {r.profile}: {GoldenHold.model_validate(r.golden).summary()}")
             for note in r.notes:
                 print(f"  {r.profile}: {note}")
+        for r in results:  # what --time-budget cut (converter.deadline), also in the report
+            cuts = r.time_budget.get("cut") if r.time_budget else None
+            for cut in cuts if isinstance(cuts, list) else []:
+                print(f"  {r.profile}: time budget cut {cut['what']}: {cut['how']}")
         for r in results:
             print_farm(r.profile, r.farm)
         _print_generative(results)
