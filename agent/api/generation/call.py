@@ -3,8 +3,8 @@ OpenAI's completions and chat, MQTT), and the parameter checks they share. Each 
 
 Every parameter is checked here against what both generation runtimes accept (ONNX Runtime GenAI, OpenVINO GenAI),
 so that a request the runtime would refuse never reaches it, where its refusal would look like the model's own
-failure. Measured on tinylm with both runtimes (`tests/unit/agent/api/test_generation_parameters.py` holds the
-ranges, `tests/integration/agent/api/test_generation_properties.py` the runtimes): a seed of 2^31 or more fails in ORT
+failure. Measured on tinylm with both runtimes (`tests/unit/agent/test_generation_parameters.py` holds the
+ranges, `tests/integration/agent/api/test_local_api_properties.py` the runtimes): a seed of 2^31 or more fails in ORT
 GenAI (its `random_seed` is a C int), `top_k` above the vocabulary size fails in ORT GenAI (checked against the model
 by the runner), `top_p` 0 with sampling fails in OpenVINO GenAI, an empty prompt fails in both, and text that is not
 Unicode (a lone surrogate, which JSON's `\ud800` escape can carry and UTF-8 cannot encode) fails in both

@@ -1,5 +1,6 @@
 """The local inference API's limits, on real ONNX Runtime sessions over real HTTP: what counts against the model,
-refusals from the head before the body, a place taken only once the body is complete, deadlines, connections that cost no thread, pipelining, OIP errors."""
+refusals from the head before the body, a place taken only once the body is complete, deadlines, connections that
+cost no thread, pipelining, OIP errors."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_only_a_failure_of_the_models_own_run_counts_against_it(models: dict[str
 def test_a_request_is_refused_from_its_head_before_its_body_is_read(models: dict[str, LoadedModel]) -> None:
     with InferenceService([models["v1"]], ServiceConfig(port=0, max_body_bytes=1 << 20)) as svc:
         for path, length, status in (("/v2/models/nope/infer", 4000, b"404"), (INFER, 4_000_000, b"413")):
-            head = f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            head = f"POST {path} HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\n"
             with socket.create_connection(("127.0.0.1", svc.port), timeout=10) as sock:
                 sock.sendall(f"{head}Content-Length: {length}\r\n\r\n".encode())  # not one byte of the body follows
                 assert sock.recv(65536).startswith(b"HTTP/1.1 " + status + b" ")
@@ -66,7 +67,7 @@ def test_a_queue_place_is_taken_only_once_the_body_is_complete(models: dict[str,
     gated = GatedModel(models["v1"])
     body = json_body(sample(models))
     with InferenceService([gated], ServiceConfig(port=0, concurrency=1, queue_size=0)) as svc:
-        head = f"POST {INFER} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        head = f"POST {INFER} HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\n"
         slow = socket.create_connection(("127.0.0.1", svc.port), timeout=10)
         slow.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])  # the rest comes later
         answers: list[int] = []
@@ -85,7 +86,7 @@ def test_a_queue_place_is_taken_only_once_the_body_is_complete(models: dict[str,
 def test_a_body_that_never_arrives_times_out_and_frees_its_place(models: dict[str, LoadedModel]) -> None:
     config = ServiceConfig(port=0, concurrency=1, queue_size=0, body_timeout_s=0.5)
     with InferenceService([models["v1"]], config) as svc:
-        head = f"POST {INFER} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        head = f"POST {INFER} HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
         with socket.create_connection(("127.0.0.1", svc.port), timeout=10) as sock:
             sock.sendall(head.encode() + b'{"inp')
             answer = sock.recv(65536)
@@ -106,8 +107,8 @@ def test_connections_cost_no_thread_each_and_pipelined_requests_are_answered_in_
                 time.sleep(0.01)
             assert svc.metrics.open_connections() == 200 and threading.active_count() == threads
             body = json_body(sample(models))
-            one = f"POST {INFER} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-            last = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            one = f"POST {INFER} HTTP/1.1\r\nHost: [::1]\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            last = b"GET /healthz HTTP/1.1\r\nHost: [::1]\r\nConnection: close\r\n\r\n"
             answer, _ = raw_exchange(svc.port, one + one + last)
             assert answer.count(b"HTTP/1.1 200 ") == 3 and answer.rstrip().endswith(b'"models": ["digits-cnn"]}')
         finally:
@@ -159,7 +160,7 @@ def test_a_large_answer_to_a_slow_reader_arrives_whole_and_the_connection_is_reu
     x = np.random.default_rng(0).random((20_000, 1, 8, 8), dtype=np.float32)
     body = npy(x)
     request = (
-        f"POST /v1/models/digits-dyn/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-npy\r\n"
+        f"POST /v1/models/digits-dyn/infer HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/x-npy\r\n"
         f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
     expected = models["dyn"].run({"input": x})["logits"]
