@@ -11,6 +11,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from edgefleet.agent.api.service import InferenceService, ServiceConfig
 from edgefleet.agent.runtime.model import LoadedModel
@@ -198,3 +199,20 @@ def test_at_the_connection_limit_the_longest_idle_connection_makes_room(models: 
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_with_a_token_every_endpoint_needs_it_and_the_api_may_listen_beyond_loopback(
+    models: dict[str, LoadedModel],
+) -> None:
+    token = "0123456789abcdef-token"
+    with pytest.raises(ValueError, match="beyond loopback"):
+        InferenceService([models["v1"]], ServiceConfig(host="0.0.0.0", port=0))
+    with InferenceService([models["v1"]], ServiceConfig(host="0.0.0.0", port=0, api_token=token)) as svc:
+        body = json_body(sample(models))
+        oip = "/v2/models/digits-cnn/infer"
+        for method, path, payload in (("GET", "/metrics", None), ("GET", "/v2/health/ready", None),
+                                      ("POST", INFER, body), ("POST", oip, b"{}")):  # fmt: skip
+            status, headers, _ = call(svc, method, path, payload)
+            assert status == 401 and headers["www-authenticate"] == "Bearer", path
+        assert call(svc, "POST", INFER, body, {"Authorization": "Bearer wrong"})[0] == 401
+        assert call(svc, "POST", INFER, body, {"Authorization": f"Bearer {token}"})[0] == 200
