@@ -162,9 +162,10 @@ class HttpServer:
             self._register(conn)
 
     def _evict_oldest(self) -> bool:
-        """At the connection limit, the connection idle (or stuck in its head) the longest makes room."""
+        """At the connection limit, the connection idle (or stuck in its head or body) the longest makes room: a body
+        still arriving holds no place (Admission.enter), so closing it frees only a socket."""
         with self._conns_lock:
-            waiting = [c for c in self._conns.values() if c.state in (IDLE, HEAD)]
+            waiting = [c for c in self._conns.values() if c.state in (IDLE, HEAD, BODY)]
         if not waiting:
             return False
         self._close(min(waiting, key=lambda c: c.last), "evicted")
