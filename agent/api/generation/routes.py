@@ -8,9 +8,8 @@ taken, or refused with a 503 and Retry-After when every slot runs and every queu
 trickles its body holds a socket, never a place. Then, on a worker: the body parsed, the model resolved, the prompt
 tokenized and its budget set (400 when the prompt alone fills the context), a slot waited for (503 after the queue
 timeout), and only then the answer begins, so every refusal has its status code even for a stream. A stream holds
-its worker and its gate slot until it ends;
-a client that goes away stops its generation at the next token (counted as cut). Every refusal is counted
-(`GenerationStats.refused`, `edgefleet_generations_refused_total{reason}`).
+its worker and its gate slot until it ends; a client that goes away stops its generation at the next token (counted
+as cut). Every refusal is counted (`GenerationStats.refused`, `edgefleet_generations_refused_total{reason}`).
 """
 
 from __future__ import annotations
