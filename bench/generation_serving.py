@@ -54,7 +54,7 @@ def raw(model: LoadedModel, tokens: int, prompt: str | Sequence[int] = PROMPT) -
 
 def triton_stream(port: int, name: str, tokens: int, prompt: str = PROMPT) -> tuple[float, float]:
     body = json.dumps({"text_input": prompt, "parameters": {"max_tokens": tokens, "ignore_eos": True}}).encode()
-    head = b"POST /v2/models/%b/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (
+    head = b"POST /v2/models/%b/generate_stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % (
         name.encode(), len(body),
     )  # fmt: skip
     with socket.create_connection(("127.0.0.1", port)) as sock:

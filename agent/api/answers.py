@@ -1,7 +1,9 @@
 """Every answer of the local API, counted in one place: requests by (model, code), every answer but 200 by kind.
 
 The /v1 routes (agent/api/routes.py) and the Open Inference Protocol routes (agent/api/oip_routes.py) both answer
-through an `Answers`; errors are /v1's {"error": {"kind", "message"}} or OIP's {"error": "message"}.
+through an `Answers`. Every error answer has the same form: `{"error": ...}` with the kind in `X-Error-Kind`; the
+error is the object of `error_object` (OpenAI's fields and edgefleet's `kind`) on /v1 and the OpenAI-compatible
+endpoints, and the message string on /v2 (the Open Inference Protocol and Triton's generate require a string).
 """
 
 from __future__ import annotations
@@ -15,6 +17,14 @@ from edgefleet.agent.api.http.protocol import Admission, Response
 from edgefleet.agent.api.metrics.histograms import ServiceMetrics
 from edgefleet.agent.api.served import Serving
 from edgefleet.agent.api.wire import JSON
+
+SMALL_BODY_S = 10.0  # the body deadline of endpoints whose bodies are small (feedback, generation requests)
+
+
+def error_object(err: RequestError) -> dict[str, Any]:
+    """The error of every endpoint but OIP's (whose protocol makes it a string): edgefleet's `kind` and `message`
+    and OpenAI's `message`, `type`, `param` and `code` in one object, so either kind of client reads it."""
+    return {"message": err.message, "kind": err.kind, "type": err.kind, "param": None, "code": str(err.status)}
 
 
 class Answers:
@@ -33,7 +43,7 @@ class Answers:
             headers["Allow"] = allow
         if err.status == 503:
             headers["Retry-After"] = "1"
-        detail: Any = err.message if oip else {"kind": err.kind, "message": err.message}
+        detail: Any = err.message if oip else error_object(err)
         return Response(err.status, json.dumps({"error": detail}).encode(), JSON, headers)
 
     def refused(self, status: int, message: str) -> Response:
@@ -57,4 +67,4 @@ class Answers:
             return self.error(err, name, oip=oip)
 
 
-__all__ = ["Answers"]
+__all__ = ["SMALL_BODY_S", "Answers", "error_object"]

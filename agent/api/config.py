@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 class ServiceConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: str = Field(default="127.0.0.1", description="a loopback address: the API has no authentication")
+    host: str = Field(
+        default="127.0.0.1", description="the listen address: loopback, or any address when `api_token` is set"
+    )
     port: int = Field(default=8470, ge=0, le=65535, description="TCP port; 0 picks a free one")
     unix_socket: Path | None = Field(default=None, description="serve on this Unix socket instead of TCP")
     socket_mode: int = Field(default=0o660, description="permissions of the Unix socket")
@@ -24,6 +26,14 @@ class ServiceConfig(BaseModel):
     header_timeout_s: float = Field(default=10.0, gt=0, description="a request head must arrive within this")
     body_timeout_s: float = Field(default=30.0, gt=0, description="an admitted body must arrive within this")
     send_timeout_s: float = Field(default=10.0, gt=0, description="an answer must be taken within this")
+    allowed_hosts: tuple[str, ...] = Field(
+        default=(), description="Host names (name or name:port) the API answers besides the listen address and "
+        "localhost, 127.0.0.1 and [::1] (DNS rebinding: any other Host is refused, agent/api/callers.py)",
+    )  # fmt: skip
+    api_token: str | None = Field(
+        default=None, repr=False, min_length=16, description="when set, every request must carry "
+        "Authorization: Bearer TOKEN (401 otherwise); required to listen beyond loopback",
+    )  # fmt: skip
     workers: int = Field(
         default=0,
         ge=0,

@@ -6,7 +6,7 @@ kind "runtime": the model's own run failed on input that passed every check. Onl
 
 from __future__ import annotations
 
-REFUSAL_KINDS = ("bad-request", "not-found", "too-large", "overloaded", "timeout")
+REFUSAL_KINDS = ("bad-request", "not-found", "too-large", "overloaded", "timeout", "unauthorized", "forbidden")
 FAILURE_KIND = "runtime"
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import re
 
 from edgefleet import __version__
-from edgefleet.agent.api.answers import Answers
+from edgefleet.agent.api.answers import SMALL_BODY_S, Answers
 from edgefleet.agent.api.body_guard import decode_guarded
 from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.generation.routes import GenerationRoutes
 from edgefleet.agent.api.http.protocol import Admission, Head, Response
 from edgefleet.agent.api.oip import HEADER_LENGTH, decode_request, encode_response, model_metadata
+from edgefleet.agent.api.place import Place
 from edgefleet.agent.api.served import Admitted, ServedModel, Serving
 
 _MODEL = re.compile(r"^/v2/models/([A-Za-z0-9._-]{1,64})(?:/versions/([A-Za-z0-9._-]{1,64}))?(/[a-z_]+)?$")
@@ -61,11 +62,16 @@ class RoutesV2:
             if head.method == "POST" and action in ("/generate", "/generate_stream"):
                 return self.generation.triton(head, name, version, length, stream=action == "/generate_stream")
             if head.method == "POST" and action == "/infer":
-                ticket = service.admit(name, version)
-                return Admission(lambda body: self._infer(ticket, head, body), ticket.release, ticket.quick)
+                self._model(name, version)  # 404 from the head; the queue place is taken once the body is complete
+                place: Place[Admitted] = Place(
+                    lambda: service.admit(name, version), lambda err: answers.error(err, name, oip=True)
+                )
+                return place.admission(lambda body: self._infer(place.held, head, body), lambda: place.held.quick(),
+                                       service.config.body_timeout_s)  # fmt: skip
             if head.method == "POST" and action == "/feedback":
                 self._model(name, version)
-                return Admission(lambda body: answers.feedback(service, name, body, oip=True))
+                return Admission(lambda body: answers.feedback(service, name, body, oip=True),
+                                 body_timeout_s=SMALL_BODY_S)  # fmt: skip
             if head.method == "GET" and action in ("", "/ready"):
                 model = self._model(name, version)
                 if action == "/ready":

@@ -23,14 +23,16 @@ import json
 import re
 import time
 
-from edgefleet.agent.api.answers import Answers
+from edgefleet.agent.api.answers import SMALL_BODY_S, Answers
 from edgefleet.agent.api.body_guard import decode_guarded
+from edgefleet.agent.api.callers import Callers
 from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.generation import openai_api
 from edgefleet.agent.api.generation.routes import GenerationRoutes
 from edgefleet.agent.api.generation.runner import GenerationParts, GenerationRunner
 from edgefleet.agent.api.http.protocol import Admission, Head, Response
 from edgefleet.agent.api.oip_routes import RoutesV2
+from edgefleet.agent.api.place import Place
 from edgefleet.agent.api.served import Admitted, Serving
 from edgefleet.agent.api.wire import JSON, answer_format, decode_body, encode_outputs, tensor_json
 
@@ -41,8 +43,11 @@ _V1_FEEDBACK = re.compile(rf"^/v1/models/{_NAME}/feedback$")
 
 
 class Routes:
-    def __init__(self, service: Serving, generation: GenerationParts | None = None) -> None:
-        self.service = service
+    def __init__(
+        self, service: Serving, generation: GenerationParts | None = None, callers: Callers | None = None
+    ) -> None:
+        """`callers`: who may call (agent/api/callers.py); None checks nothing (a test of the routes alone)."""
+        self.service, self.callers = service, callers
         self.answers = Answers(service.metrics)
         parts = generation or GenerationParts.standalone()
         self.generation = GenerationRoutes(GenerationRunner(parts, service.models), self.answers)
@@ -51,6 +56,14 @@ class Routes:
 
     # --- the App interface
     def admit(self, head: Head, length: int) -> Response | Admission:
+        if self.callers is not None:
+            try:
+                self.callers.check(head)
+            except RequestError as err:  # answered before routing: in the shape of the API the path belongs to
+                response = self.answers.error(err, oip=head.path.startswith("/v2"))
+                if err.status == 401:
+                    response.headers["WWW-Authenticate"] = "Bearer"
+                return response
         if head.path.startswith("/v2"):
             return self.v2.admit(head, length)
         try:
@@ -71,11 +84,14 @@ class Routes:
             return self.generation.openai(head, path, length)
         if head.method == "POST":
             if match := _V1_INFER.match(path):
-                ticket = service.admit(match.group(1))
-                return Admission(lambda body: self._infer_v1(ticket, head, body), ticket.release, ticket.quick)
+                name = match.group(1)
+                self._served(name)  # 404 from the head; the queue place is taken once the body is complete
+                place: Place[Admitted] = Place(lambda: service.admit(name), lambda err: answers.error(err, name))
+                return place.admission(lambda body: self._infer_v1(place.held, head, body), lambda: place.held.quick(),
+                                       service.config.body_timeout_s)  # fmt: skip
             if match := _V1_FEEDBACK.match(path):
                 name = match.group(1)
-                return Admission(lambda body: answers.feedback(service, name, body))
+                return Admission(lambda body: answers.feedback(service, name, body), body_timeout_s=SMALL_BODY_S)
             raise RequestError(404, "not-found", f"no such endpoint {path} (POST /v2/models/NAME/infer)")
         if head.method != "GET":
             error = RequestError(405, "bad-request", f"method {head.method} not allowed")
@@ -96,6 +112,11 @@ class Routes:
         if _V1_INFER.match(path):
             return answers.error(RequestError(405, "bad-request", "use POST for inference"), allow="POST")
         raise RequestError(404, "not-found", f"no such endpoint {path}")
+
+    def _served(self, name: str) -> None:
+        if name not in self.service.models():
+            served = ", ".join(sorted(self.service.models())) or "none"
+            raise RequestError(404, "not-found", f"no model named {name!r} is served here (serving: {served})")
 
     def _models(self) -> Response:
         """edgefleet's list (`models`) and OpenAI's (`object`, `data`) in one answer."""

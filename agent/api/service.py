@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 
 from edgefleet.agent.api.body_guard import load_json
+from edgefleet.agent.api.callers import Callers
 from edgefleet.agent.api.config import ServiceConfig
+from edgefleet.agent.api.error_log import SampledLog
 from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.generation.runner import GenerationParts
 from edgefleet.agent.api.http.protocol import ServerLimits, listen_tcp, listen_unix
@@ -113,9 +115,9 @@ class InferenceService:
         self.config = config or ServiceConfig()
         self._generation = generation or GenerationParts.standalone()
         self._on_answer, self._on_failure = on_answer, on_failure
-        if self.config.unix_socket is None and not _is_loopback(self.config.host):
+        if self.config.unix_socket is None and not _is_loopback(self.config.host) and not self.config.api_token:
             raise ValueError(
-                f"the inference API binds loopback only (it has no authentication), not {self.config.host}"
+                f"the inference API binds {self.config.host} (beyond loopback) only with a token (--api-token-file)"
             )
         self.field = FieldAccuracy()
         self._client_ids: OrderedDict[tuple[str, str], str] = OrderedDict()  # (model, OIP id) -> field id
@@ -130,6 +132,7 @@ class InferenceService:
         self._running = 0
         self._using: dict[int, int] = {}  # id(model) -> requests using it
         self._server: HttpServer | None = None
+        self._errors = SampledLog(log)  # a model failing on every request writes a traceback a minute, not each
         self.metrics.queue_depth = lambda: max(0, self._pending - self._running)
         self.metrics.in_flight = lambda: self._running
         self.metrics.open_connections = lambda: self._server.open_connections() if self._server else 0
@@ -217,7 +220,8 @@ class InferenceService:
             send_timeout_s=config.send_timeout_s, keep_alive_s=config.keep_alive_s,
             workers=(config.workers or config.concurrency + 2) + generations,
         )  # fmt: skip
-        routes = Routes(self, self._generation)
+        port = config.port if config.unix_socket is not None else int(listener.getsockname()[1])
+        routes = Routes(self, self._generation, Callers(config, port))
         self._server = HttpServer(listener, routes, limits, on_close=self.metrics.closed.inc).start()
         log.info("inference API on %s", self.address)
         return self
@@ -295,7 +299,7 @@ class InferenceService:
         except DataError as err:
             raise RequestError(400, "bad-request", str(err)) from err
         except Exception as err:  # the model's own failure: answers this request, counts against its health
-            log.exception("inference failed on %s", model.bundle_id)
+            self._errors.exception("inference", "inference failed on %s", model.bundle_id)
             self.metrics.failure(model.manifest.model_name)
             if self._on_failure is not None:
                 self._on_failure()

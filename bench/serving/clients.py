@@ -33,7 +33,7 @@ class MinimalClient:
         self.reader = self.sock.makefile("rb")
 
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
-        lines = [f"POST {path} HTTP/1.1", "Host: agent", f"Content-Length: {len(body)}"]
+        lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
         length, status = 0, self.reader.readline()

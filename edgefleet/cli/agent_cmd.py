@@ -73,6 +73,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     api.add_argument("--no-http", action="store_true", help="no local API (remote calls over MQTT only)")
     api.add_argument("--http-queue", type=int, default=64, help="requests waiting beyond this get 503")
     api.add_argument("--http-max-body-mb", type=float, default=8.0, help="larger requests get 413")
+    api.add_argument("--http-host", default="127.0.0.1",
+                     help="listen address (default 127.0.0.1); beyond loopback only with an API token")  # fmt: skip
+    api.add_argument(
+        "--http-allowed-host", action="append", default=[], metavar="NAME",
+        help="a Host name (NAME or NAME:PORT) the API answers besides the listen address and localhost (repeatable); "
+        "any other Host is refused (DNS rebinding)",
+    )  # fmt: skip
+    api.add_argument(
+        "--api-token-file", type=Path, default=None, metavar="FILE",
+        help="every request must carry Authorization: Bearer <the file's first line> (also $EDGEFLEET_API_TOKEN)",
+    )  # fmt: skip
+    api.add_argument(
+        "--api-token", default=None, metavar="TOKEN",
+        help="the token itself (visible in ps: prefer --api-token-file or $EDGEFLEET_API_TOKEN)",
+    )  # fmt: skip
     gen = parser.add_argument_group("generative models (local API and MQTT)")
     gen.add_argument("--generation-concurrency", type=int, default=2, help="generations running at once")
     gen.add_argument("--generation-queue", type=int, default=2, help="generations waiting; beyond them 503")
@@ -183,5 +198,22 @@ def _config(args: argparse.Namespace) -> AgentConfig:
             unix_socket=args.http_socket,
             queue_size=args.http_queue,
             max_body_bytes=int(args.http_max_body_mb * 2**20),
+            host=args.http_host,
+            allowed_hosts=tuple(args.http_allowed_host),
+            api_token=_api_token(args),
         ),
     )
+
+
+def _api_token(args: argparse.Namespace) -> str | None:
+    """The local API's token: --api-token-file's first line, --api-token, or $EDGEFLEET_API_TOKEN (None: no token)."""
+    if args.api_token_file is not None:
+        try:
+            token = args.api_token_file.read_text("utf-8").strip().splitlines()[0].strip()
+        except (OSError, UnicodeDecodeError, IndexError) as err:
+            raise SystemExit(f"--api-token-file {args.api_token_file}: cannot read a token ({err})") from err
+    else:
+        token = args.api_token or os.environ.get("EDGEFLEET_API_TOKEN") or ""
+    if token and len(token) < 16:
+        raise SystemExit("the API token must be at least 16 characters")
+    return token or None

@@ -1,5 +1,14 @@
 """A generation request as every endpoint hands it to the runner, whatever its wire format (Triton's generate,
-OpenAI's completions and chat, MQTT), and the parameter checks they share. Each refusal is a 400 naming the field."""
+OpenAI's completions and chat, MQTT), and the parameter checks they share. Each refusal is a 400 naming the field.
+
+Every parameter is checked here against what both generation runtimes accept (ONNX Runtime GenAI, OpenVINO GenAI),
+so that a request the runtime would refuse never reaches it, where its refusal would look like the model's own
+failure. Measured on tinylm with both runtimes (`tests/unit/agent/test_generation_parameters.py` holds the
+ranges, `tests/integration/agent/api/test_local_api_properties.py` the runtimes): a seed of 2^31 or more fails in ORT
+GenAI (its `random_seed` is a C int), `top_k` above the vocabulary size fails in ORT GenAI (checked against the model
+by the runner), `top_p` 0 with sampling fails in OpenVINO GenAI, an empty prompt fails in both, and text that is not
+Unicode (a lone surrogate, which JSON's `\ud800` escape can carry and UTF-8 cannot encode) fails in both
+tokenizers."""
 
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ Operation = Literal["text_completion", "chat"]  # OpenTelemetry's gen_ai.operati
 MAX_STOPS = 4
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 256
+SEED_MAX = 2**31 - 1  # ORT GenAI's random_seed is a 32-bit int (2**31 fails there); OpenVINO GenAI takes more
+TOP_K_MAX = 1 << 20  # a bound for the parser; the runner refuses a top_k above the model's vocabulary size
 
 
 @dataclass(frozen=True)
@@ -66,14 +77,27 @@ def optional_bool(document: Mapping[str, Any], field: str) -> bool | None:
 
 
 def sampling(document: Mapping[str, Any], seed_field: str = "seed") -> Sampling | None:
-    """Greedy when `temperature` is absent or 0 (the bundle's own decoding); else sampling with top_p and top_k."""
+    """Greedy when `temperature` is absent or 0 (the bundle's own decoding); else sampling with top_p and top_k.
+    Every value is checked whether or not it is used, so a request is refused or taken the same whatever its
+    temperature."""
     temperature = optional_float(document, "temperature", 0.0, 2.0)
     top_p = optional_float(document, "top_p", 0.0, 1.0)
-    top_k = optional_int(document, "top_k", 0, 1_000_000)
-    seed = optional_int(document, seed_field, 0, 2**63 - 1)
+    top_k = optional_int(document, "top_k", 0, TOP_K_MAX)
+    seed = optional_int(document, seed_field, 0, SEED_MAX)
     if not temperature:
         return None
+    if top_p is not None and top_p <= 0:
+        raise bad("top_p", "must be above 0 when sampling (temperature > 0)")
     return Sampling(temperature, 1.0 if top_p is None else top_p, top_k or 0, seed)
+
+
+def text(value: str, field: str) -> str:
+    """Text the tokenizer can take: valid Unicode (a lone surrogate, e.g. from JSON's "\\ud800", is refused)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise bad(field, f"is not valid Unicode (a lone surrogate at character {err.start})") from err
+    return value
 
 
 def stops(value: Any, field: str = "stop") -> tuple[str, ...]:
@@ -84,7 +108,7 @@ def stops(value: Any, field: str = "stop") -> tuple[str, ...]:
         raise bad(field, "must be a string or a list of strings")
     if len(found) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in found):
         raise bad(field, f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters")
-    return tuple(s for s in found if s)
+    return tuple(text(s, field) for s in found if s)
 
 
 def messages(value: Any) -> tuple[tuple[str, str], ...]:
@@ -108,7 +132,7 @@ def messages(value: Any) -> tuple[tuple[str, str], ...]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad(f"{where}.content", "must be a string or a list of text parts")
-        found.append((str(role), content))
+        found.append((str(role), text(content, f"{where}.content")))
     return tuple(found)
 
 
@@ -117,7 +141,7 @@ def prompt(value: Any, field: str = "prompt") -> str | tuple[int, ...]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
         value = value[0]  # a batch of one
     if isinstance(value, str):
-        return value
+        return text(value, field)
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         if any(t < 0 for t in value):
             raise bad(field, "token ids are not negative")
@@ -126,6 +150,8 @@ def prompt(value: Any, field: str = "prompt") -> str | tuple[int, ...]:
 
 
 __all__ = [
+    "SEED_MAX",
+    "TOP_K_MAX",
     "GenerationCall",
     "Operation",
     "bad",
@@ -136,4 +162,5 @@ __all__ = [
     "prompt",
     "sampling",
     "stops",
+    "text",
 ]

@@ -16,6 +16,9 @@ class GenerationConfig(BaseModel):
         default=1024, ge=1, description="the most tokens one request may generate (also capped by the context)"
     )
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, description="a generation request's body, at most (413)")
+    body_timeout_s: float = Field(
+        default=10.0, gt=0, description="a generation request's whole body must arrive within this (else 408)"
+    )
     drain_s: float = Field(
         default=30.0, ge=0, description="a swap lets the old model's generations finish this long before cutting them"
     )

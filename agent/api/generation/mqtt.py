@@ -16,10 +16,10 @@ import threading
 from collections.abc import Callable, Mapping
 
 from edgefleet.agent.api.errors import RequestError
-from edgefleet.agent.api.generation.call import GenerationCall
+from edgefleet.agent.api.generation.call import GenerationCall, sampling, stops, text
 from edgefleet.agent.api.generation.pacing import Coalescer
 from edgefleet.agent.api.generation.runner import GenerationParts, GenerationRunner, Served
-from edgefleet.agent.runtime.generative import GenerationResult, Sampling
+from edgefleet.agent.runtime.generative import GenerationResult
 from edgefleet.core.errors import BrokerError
 from edgefleet.core.generation_messages import GenerateChunk, GenerateRequest, GenerateUsage
 from edgefleet.core.messages import MessageError, decode
@@ -119,16 +119,18 @@ class MqttGeneration:
             if not served:
                 raise RequestError(404, "not-found", "no model is served here")
             name = served[0]
-        messages = tuple((m.role, m.content) for m in request.messages or ())
+        messages = tuple((m.role, text(m.content, f"messages[{i}].content"))
+                         for i, m in enumerate(request.messages or ()))  # fmt: skip
         if not messages and request.prompt is None:
             raise RequestError(400, "bad-request", "a generation request needs a prompt or messages")
-        sampling = (
-            Sampling(request.temperature, request.top_p, request.top_k, request.seed) if request.temperature else None
-        )
+        # the same checks as the HTTP endpoints (call.py): what the runtimes accept, never a model failure
+        parameters = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
+                      "seed": request.seed}  # fmt: skip
+        prompt = text(request.prompt or "", "prompt")
         return GenerationCall(
-            model=name, operation="chat" if messages else "text_completion", prompt=request.prompt or "",
-            messages=messages, max_tokens=request.max_tokens, sampling=sampling,
-            stop=tuple(s for s in request.stop if s), stream=request.stream, request_id=request.request_id,
+            model=name, operation="chat" if messages else "text_completion", prompt=prompt,
+            messages=messages, max_tokens=request.max_tokens, sampling=sampling(parameters),
+            stop=stops(list(request.stop)), stream=request.stream, request_id=request.request_id,
         )  # fmt: skip
 
     def _refuse(self, request: GenerateRequest, err: RequestError) -> None:

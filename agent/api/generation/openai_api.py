@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Any
 
-from edgefleet.agent.api.answers import Answers
+from edgefleet.agent.api.answers import Answers, error_object
 from edgefleet.agent.api.body_guard import load_json
 from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.generation.call import (
@@ -38,6 +39,7 @@ from edgefleet.core.bundle.manifest import Manifest
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 OWNER = "edgefleet"
+MODEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # the names the routes take (agent/api/routes.py)
 
 
 def _document(body: bytes) -> dict[str, Any]:
@@ -45,8 +47,8 @@ def _document(body: bytes) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise bad("body", "must be a JSON object")
     model = document.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model", "must name the served model")
+    if not isinstance(model, str) or not MODEL_NAME.fullmatch(model):
+        raise bad("model", "must name the served model (letters, digits, '.', '_', '-'; at most 64)")
     if (n := optional_int(document, "n", 1, 128)) not in (None, 1):
         raise bad("n", f"one choice per request (n=1), not {n}")
     if (best_of := optional_int(document, "best_of", 1, 128)) not in (None, 1):
@@ -136,7 +138,7 @@ class Answer:
 
 
 def error_document(err: RequestError) -> dict[str, Any]:
-    return {"error": {"message": err.message, "type": err.kind, "param": None, "code": str(err.status)}}
+    return {"error": error_object(err)}
 
 
 def error_response(answers: Answers, err: RequestError, model: str = "-") -> Response:

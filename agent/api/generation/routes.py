@@ -2,13 +2,14 @@
 OpenAI's completions and chat (agent/api/generation/openai_api.py), whole or streamed as server-sent events (the
 first piece at once, then pieces joined for at most `stream_interval_s`: agent/api/generation/pacing.py).
 
-From the head alone: a body over the generation cap is a 413 and a full gate (every slot running, every queue place
-taken) a 503 with Retry-After, before the body is read; for Triton, an unknown or non-generative model a 404/400.
-Then, on a worker: the body parsed, the model resolved, the prompt tokenized and its budget set (400 when the
-prompt alone fills the context), a slot waited for (503 after the queue timeout), and only then the answer begins,
-so every refusal has its status code even for a stream. A stream holds its worker and its gate slot until it ends;
-a client that goes away stops its generation at the next token (counted as cut). Every refusal is counted
-(`GenerationStats.refused`, `edgefleet_generations_refused_total{reason}`).
+From the head alone: a body over the generation cap is a 413, before the body is read; for Triton, an unknown or
+non-generative model a 404/400. Once the body is complete (within `body_timeout_s`, 10 s), a place at the gate is
+taken, or refused with a 503 and Retry-After when every slot runs and every queue place is taken: a client that
+trickles its body holds a socket, never a place. Then, on a worker: the body parsed, the model resolved, the prompt
+tokenized and its budget set (400 when the prompt alone fills the context), a slot waited for (503 after the queue
+timeout), and only then the answer begins, so every refusal has its status code even for a stream. A stream holds
+its worker and its gate slot until it ends; a client that goes away stops its generation at the next token (counted
+as cut). Every refusal is counted (`GenerationStats.refused`, `edgefleet_generations_refused_total{reason}`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from edgefleet.agent.api.generation.gate import GatePass
 from edgefleet.agent.api.generation.pacing import Coalescer, Send
 from edgefleet.agent.api.generation.runner import GenerationRunner, Prepared
 from edgefleet.agent.api.http.protocol import Admission, Head, Response, Write
+from edgefleet.agent.api.place import Place
 from edgefleet.agent.runtime.generative import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -41,12 +43,14 @@ class GenerationRoutes:
             served, _ = self.runner.resolve(name)
             if version is not None and version != served.manifest.model_version:
                 raise RequestError(404, "not-found", f"model {name!r} has no version {version!r} here")
-            gate = self._enter(length)
+            self._fits(length)
         except RequestError as err:
             return self._refuse(err, name, oip=True)
         model_version = served.manifest.model_version
+        place = self._place(lambda err: self._refuse(err, name, oip=True))
 
         def handle(body: bytes) -> Response:
+            gate = place.held
             try:
                 call = triton_api.parse(body, name)
                 prepared = self._ready(call, gate)
@@ -64,7 +68,7 @@ class GenerationRoutes:
                 return self._refuse(_cut(result), name, oip=True)
             return self.answers.json(triton_api.answer(call, model_version, result), name)
 
-        return Admission(handle, gate.release)
+        return place.admission(handle, body_timeout_s=self.runner.parts.config.body_timeout_s)
 
     def _triton_events(self, prepared: Prepared, version: str) -> Callable[[Write], None]:
         call = prepared.call
@@ -93,15 +97,16 @@ class GenerationRoutes:
     def openai(self, head: Head, path: str, length: int) -> Response | Admission:
         parse: Parse = openai_api.parse_chat if path == openai_api.CHAT else openai_api.parse_completion
         try:
-            gate = self._enter(length)
+            self._fits(length)
         except RequestError as err:
             return self._refuse(err, "-", openai_shape=True)
+        place = self._place(lambda err: self._refuse(err, "-", openai_shape=True))
 
         def handle(body: bytes) -> Response:
-            name = "-"
+            gate, name = place.held, "-"
             try:
                 call = parse(body)
-                name = call.model
+                name = call.model if call.model in self.runner.served() else "-"  # counted by a served name only
                 prepared = self._ready(call, gate)
             except RequestError as err:
                 return self._refuse(err, name, openai_shape=True)
@@ -118,7 +123,7 @@ class GenerationRoutes:
                 return self._refuse(_cut(result), name, openai_shape=True)
             return self.answers.json(answer.whole(result), name)
 
-        return Admission(handle, gate.release)
+        return place.admission(handle, body_timeout_s=self.runner.parts.config.body_timeout_s)
 
     def _openai_events(self, prepared: Prepared, answer: openai_api.Answer) -> Callable[[Write], None]:
         call = prepared.call
@@ -152,11 +157,14 @@ class GenerationRoutes:
     def _coalescer(self, send: Send) -> Coalescer:
         return Coalescer(self.runner.parts.config.stream_interval_s, send)
 
-    def _enter(self, length: int) -> GatePass:
+    def _fits(self, length: int) -> None:
         limit = self.runner.parts.config.max_body_bytes
         if length > limit:
             raise RequestError(413, "too-large", f"a generation request is at most {limit} bytes, not {length}")
-        return self.runner.parts.gate.enter()
+
+    def _place(self, refuse: Callable[[RequestError], Response]) -> Place[GatePass]:
+        """A place among the admitted generations, taken once the body is complete (503 when the gate is full)."""
+        return Place(self.runner.parts.gate.enter, refuse)
 
     def _ready(self, call: GenerationCall, gate: GatePass) -> Prepared:
         """Prepared and holding a slot: every refusal comes before the answer begins."""

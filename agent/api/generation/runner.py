@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from edgefleet.agent.api.error_log import SampledLog
 from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.generation.accounting import GenerationAccounting
 from edgefleet.agent.api.generation.call import GenerationCall
@@ -83,10 +84,14 @@ class Prepared:
 class GenerationRunner:
     def __init__(self, parts: GenerationParts, models: Callable[[], Mapping[str, Served]]) -> None:
         self.parts, self._models = parts, models
+        self._errors = SampledLog(log)  # a traceback a minute per kind, the rest counted
 
     @property
     def accounting(self) -> GenerationAccounting:
         return self.parts.accounting
+
+    def served(self) -> Mapping[str, Served]:
+        return self._models()
 
     def resolve(self, name: str) -> tuple[Any, GenerativeModel]:
         served = self._models().get(name)
@@ -102,22 +107,38 @@ class GenerationRunner:
         """The request the model will run, or RequestError (404, 400) saying why it cannot."""
         served, model = self.resolve(call.model)
         template = ""
-        if call.messages:
-            text, template = model.chat_prompt([{"role": r, "content": c} for r, c in call.messages])
-            ids = model.encode(text)
-        elif isinstance(call.prompt, str):
-            ids = model.encode(call.prompt)
+        if call.messages or isinstance(call.prompt, str):
+            ids, template = self._tokens(model, call)
         else:
             ids = list(call.prompt)
             vocab = model.spec.vocab_size
             if any(t >= vocab for t in ids):
                 raise RequestError(400, "bad-request", f"prompt: token ids must be below the vocabulary size {vocab}")
+        vocab = model.spec.vocab_size
+        if call.sampling is not None and call.sampling.top_k > vocab:  # ORT GenAI fails on it
+            raise RequestError(400, "bad-request", f"top_k: at most the vocabulary size {vocab}, "
+                               f"not {call.sampling.top_k}")  # fmt: skip
+        if not ids:
+            raise RequestError(400, "bad-request", "prompt: it is empty (no tokens): give the model something to go on")
         try:
             budget = model.budget(len(ids), call.max_tokens, self.parts.config.max_tokens)
         except BudgetError as err:
             raise RequestError(400, "bad-request", str(err)) from err
         request = GenerationRequest(tuple(ids), budget, model.stop_ids, call.sampling, ignore_stop=call.ignore_eos)
         return Prepared(call, served, model, request, template, stopper or Stopper())
+
+    def _tokens(self, model: GenerativeModel, call: GenerationCall) -> tuple[list[int], str]:
+        """The prompt's tokens (a chat's through its template). Text was checked at the boundary (call.py); a
+        tokenizer that still refuses it refuses the request (400), never the model's health."""
+        try:
+            if call.messages:
+                text, template = model.chat_prompt([{"role": r, "content": c} for r, c in call.messages])
+                return list(model.encode(text)), template
+            assert isinstance(call.prompt, str)
+            return list(model.encode(call.prompt)), ""
+        except Exception as err:
+            self._errors.exception("tokenizer", "the tokenizer refused a prompt for %s", call.model)
+            raise RequestError(400, "bad-request", f"prompt: the tokenizer refused it ({type(err).__name__})") from err
 
     def run(self, prepared: Prepared, on_text: Callable[[str], None]) -> GenerationResult:
         """Run a prepared generation (its gate slot taken); the result, accounted for."""
@@ -137,7 +158,7 @@ class GenerationRunner:
         except Retired:
             raise
         except Exception as err:  # the model's own failure: answers this request, counts against its health
-            log.exception("generation failed on %s", prepared.served.bundle_id)
+            self._errors.exception("generation", "generation failed on %s", prepared.served.bundle_id)
             self.accounting.failed(prepared.name)
             raise RequestError(500, "runtime", f"generation failed: {type(err).__name__}: {err}") from err
 

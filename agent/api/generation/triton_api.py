@@ -15,7 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 from edgefleet.agent.api.body_guard import load_json
-from edgefleet.agent.api.generation.call import GenerationCall, bad, optional_bool, optional_int, sampling, stops
+from edgefleet.agent.api.generation.call import (
+    GenerationCall,
+    bad,
+    optional_bool,
+    optional_int,
+    sampling,
+    stops,
+    text,
+)
 from edgefleet.agent.runtime.generative import GenerationResult
 
 _PARAMETERS = (
@@ -28,10 +36,10 @@ def parse(body: bytes, model: str) -> GenerationCall:
     document = load_json(body)
     if not isinstance(document, dict):
         raise bad("body", 'must be a JSON object {"text_input": ..., "parameters": {...}}')
-    text = document.get("text_input")
-    if isinstance(text, list) and len(text) == 1:
-        text = text[0]
-    if not isinstance(text, str):
+    text_input = document.get("text_input")
+    if isinstance(text_input, list) and len(text_input) == 1:
+        text_input = text_input[0]
+    if not isinstance(text_input, str):
         raise bad("text_input", "must be a string")
     parameters = document.get("parameters", {})
     if not isinstance(parameters, dict):
@@ -42,8 +50,10 @@ def parse(body: bytes, model: str) -> GenerationCall:
     request_id = document.get("id")
     if request_id is not None and (not isinstance(request_id, str) or len(request_id) > MAX_ID):
         raise bad("id", f"must be a string of at most {MAX_ID} characters")
+    if request_id is not None:
+        text(request_id, "id")
     return GenerationCall(
-        model=model, operation="text_completion", prompt=text,
+        model=model, operation="text_completion", prompt=text(text_input, "text_input"),
         max_tokens=optional_int(merged, "max_tokens", 1, 1 << 20), sampling=sampling(merged),
         stop=stops(merged.get("stop", merged.get("stop_words"))), stream=bool(optional_bool(merged, "stream")),
         request_id=request_id, ignore_eos=bool(optional_bool(merged, "ignore_eos")),

@@ -3,7 +3,9 @@
 `Head` is a parsed request line and headers (agent/api/http/parser.py parses them); `Response` an answer, whole or
 streamed (`Response.stream`: written piece by piece by a worker, chunked on HTTP/1.1);
 `App.admit` decides on a request from its head alone and returns either an immediate `Response` or an `Admission`
-(a handler for the body, run by a worker, and a `release` that always runs once).
+(a handler for the body, run by a worker, and a `release` that always runs once). What a request holds while it
+waits or runs (a queue place, a generation slot) is taken by `Admission.enter` only once its body is complete: a
+client that trickles its body holds a socket, never a place.
 """
 
 from __future__ import annotations
@@ -56,14 +58,19 @@ class Response:
 
 @dataclass
 class Admission:
-    """An admitted request: the worker calls `handle(body)`; `release()` runs once, whatever happened.
+    """A request accepted from its head: the worker calls `handle(body)`; `release()` runs once, whatever happened.
 
-    `quick()`, when given, is asked once the body is complete: True promises that `handle` will not wait (the app
-    reserved what it needs), so the server may answer on its I/O thread instead of handing it to a worker."""
+    `enter()`, when given, is called once the body is complete, before anything else: it takes what the request
+    holds while it waits or runs (a queue place, a generation slot), or returns the refusal to answer at once (503).
+    `quick()`, when given, is asked after it: True promises that `handle` will not wait (the app reserved what it
+    needs), so the server may answer on its I/O thread instead of handing it to a worker.
+    `body_timeout_s`: this endpoint's deadline for the whole body (None: the server's `body_timeout_s`)."""
 
     handle: Callable[[bytes], Response]
     release: Callable[[], None] = lambda: None
     quick: Callable[[], bool] | None = None
+    enter: Callable[[], Response | None] | None = None
+    body_timeout_s: float | None = None
 
 
 class App(Protocol):

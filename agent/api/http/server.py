@@ -2,8 +2,10 @@
 
 The I/O thread owns every idle or half-read connection: it accepts, reads request heads and bodies without
 blocking, and enforces the limits (connections, head size, head and body deadlines). A request is admitted
-(`App.admit`) as soon as its head is complete and BEFORE its body is read: a refusal (404, 413, 503, ...) is
-answered at once and the body is never read. An admitted request is handed, whole, to a worker of a fixed pool;
+(`App.admit`) as soon as its head is complete and BEFORE its body is read: a refusal (401, 403, 404, 413, ...) is
+answered at once and the body is never read. The request takes its place (a queue place, a generation slot:
+`Admission.enter`) only once its body is complete, so a client that trickles its body holds a socket and nothing
+else; a full service refuses it then (503). A complete request is handed, whole, to a worker of a fixed pool;
 the worker answers it (with a send deadline) and gives the connection back. So a thousand slow clients cost a
 thousand sockets and a few bytes each, never a thread each, and can never starve the workers.
 
@@ -34,6 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from edgefleet.agent.api.error_log import SampledLog
 from edgefleet.agent.api.http.chunked import LAST_CHUNK, chunk
 from edgefleet.agent.api.http.connection import BODY, BUSY, HEAD, IDLE, Conn, send_rest, send_some
 from edgefleet.agent.api.http.parser import read_request
@@ -79,6 +82,7 @@ class HttpServer:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._crowded_until = 0.0  # no quick answers before this (monotonic): other clients were seen
+        self._errors = SampledLog(log)  # a traceback per kind at most once a minute, the rest counted
 
     # --- lifecycle
     def start(self) -> HttpServer:
@@ -158,9 +162,10 @@ class HttpServer:
             self._register(conn)
 
     def _evict_oldest(self) -> bool:
-        """At the connection limit, the connection idle (or stuck in its head) the longest makes room."""
+        """At the connection limit, the connection idle (or stuck in its head or body) the longest makes room: a body
+        still arriving holds no place (Admission.enter), so closing it frees only a socket."""
         with self._conns_lock:
-            waiting = [c for c in self._conns.values() if c.state in (IDLE, HEAD)]
+            waiting = [c for c in self._conns.values() if c.state in (IDLE, HEAD, BODY)]
         if not waiting:
             return False
         self._close(min(waiting, key=lambda c: c.last), "evicted")
@@ -206,7 +211,7 @@ class HttpServer:
         try:
             decision = self.app.admit(head, length)
         except Exception:  # the app must answer; never let one request take the I/O thread down
-            log.exception("admission failed for %s %s", head.method, head.path)
+            self._errors.exception("admit", "admission failed for %s %s", head.method, head.path)
             decision = self.app.refused(500, "internal error while admitting the request")
         if isinstance(decision, Response):
             # The body was not read: the connection can only be reused when there is no body to skip.
@@ -214,7 +219,8 @@ class HttpServer:
             self._answer_now(conn, decision)
             return
         conn.head, conn.admission, conn.state = head, decision, BODY
-        conn.deadline = time.monotonic() + self.limits.body_timeout_s
+        body_timeout = decision.body_timeout_s if decision.body_timeout_s is not None else self.limits.body_timeout_s
+        conn.deadline = time.monotonic() + body_timeout
         conn.body = bytearray()  # grows with what arrives: a declared length costs nothing until it is sent
         conn.got = length  # here: the body's declared length
         leftover = bytes(conn.buf)
@@ -229,11 +235,31 @@ class HttpServer:
                 conn.buf += data[need:]  # a pipelined next request
         if len(conn.body) < conn.got:
             return
+        if not self._enter(conn):
+            return
         conn.state = BUSY  # it stays registered: a worker answers, and no epoll_ctl is needed per request
         if conn.got <= QUICK_BODY_MAX and self._quick(conn):
             self._answer_quick(conn)
             return
         self._jobs.put(conn)
+
+    def _enter(self, conn: Conn) -> bool:
+        """The body is complete: the request takes its place now (`Admission.enter`), or is refused at once."""
+        admission, head = conn.admission, conn.head
+        if admission is None or admission.enter is None or head is None:
+            return True
+        try:
+            refusal = admission.enter()
+        except Exception:  # the app must answer; never let one request take the I/O thread down
+            self._errors.exception("enter", "taking a place failed for %s %s", head.method, head.path)
+            refusal = self.app.refused(500, "internal error while admitting the request")
+        if refusal is None:
+            return True
+        conn.admission, conn.head, conn.body = None, None, bytearray()
+        admission.release()
+        refusal.close = refusal.close or not head.keep_alive
+        self._answer_now(conn, refusal)
+        return False
 
     def _quick(self, conn: Conn) -> bool:
         quick = conn.admission.quick if conn.admission is not None else None
@@ -242,7 +268,7 @@ class HttpServer:
         try:
             ok = quick()
         except Exception:  # a worker answers it then
-            log.exception("quick admission check failed")
+            self._errors.exception("quick", "quick admission check failed")
             return False
         # The app's check first (it is cheaper); a slot it reserved stays with the request when a worker answers it.
         return ok and not self._crowded()
@@ -309,8 +335,7 @@ class HttpServer:
                 if admission is not None:  # its place is free before the client hears why
                     admission.release()
                 with contextlib.suppress(OSError):  # tell a merely slow client why; never wait for it
-                    response = self.app.refused(408, f"the request body did not arrive within "
-                                                     f"{self.limits.body_timeout_s:g} s")  # fmt: skip
+                    response = self.app.refused(408, "the request body did not arrive in time")
                     response.close = True
                     conn.sock.send(encode(response))
             self._close(conn, reason)
@@ -331,7 +356,7 @@ class HttpServer:
         try:
             response = admission.handle(body)
         except Exception:  # handlers answer every error themselves; this is the last line of defence
-            log.exception("request %s %s failed", head.method, head.path)
+            self._errors.exception("handle", "request %s %s failed", head.method, head.path)
             response = self.app.refused(500, "internal error")
         finally:
             admission.release()
@@ -373,7 +398,7 @@ class HttpServer:
         try:
             response.stream(write)
         except Exception:  # the app ends its own stream on errors; this is the last line of defence
-            log.exception("a streamed answer failed")
+            self._errors.exception("stream", "a streamed answer failed")
             alive[0] = False
         if alive[0] and chunked:
             alive[0] = send_rest(conn.sock, LAST_CHUNK, 0, time.monotonic() + timeout)

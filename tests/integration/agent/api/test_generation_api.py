@@ -167,7 +167,7 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation(
     try:
         body = json.dumps({"text_input": PROMPT, "parameters": {"max_tokens": 40, "temperature": 0}}).encode()
         with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
-            sock.sendall(b"POST /v2/models/%b/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
+            sock.sendall(b"POST /v2/models/%b/generate_stream HTTP/1.1\r\nHost: [::1]\r\nContent-Length: %d\r\n\r\n%b"
                          % (NAME.encode(), len(body), body))  # fmt: skip
             seen = b""
             while b"data: " not in seen:  # the head, then the first event

@@ -39,7 +39,7 @@ with InferenceService([model], ServiceConfig(port=0)) as svc:
     body = json.dumps({"inputs": [{"name": spec.name, "datatype": "FP32", "shape": shape,
                                    "data": [0.0] * count}]}).encode()
     with socket.create_connection(("127.0.0.1", svc.port)) as sock:
-        sock.sendall(b"POST /v2/models/digits-cnn/infer HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n"
+        sock.sendall(b"POST /v2/models/digits-cnn/infer HTTP/1.1\\r\\nHost: [::1]\\r\\nConnection: close\\r\\n"
                      b"Content-Length: %d\\r\\n\\r\\n" % len(body) + body)
         answer = b""
         while chunk := sock.recv(65536):

@@ -236,7 +236,7 @@ def test_500_slow_connections_neither_block_good_requests_nor_stay_open(
     try:
         for index in range(500):
             sock = socket.create_connection(("127.0.0.1", served.port), timeout=30)
-            partial = f"POST {V2_INFER} HTTP/1.1\r\nHost: agent\r\nX-Slow-{index}: "
+            partial = f"POST {V2_INFER} HTTP/1.1\r\nHost: [::1]\r\nX-Slow-{index}: "
             sock.sendall(partial.encode())  # a head that never ends
             slow.append(sock)
         deadline = time.monotonic() + 60
@@ -287,7 +287,7 @@ def exchange(served: Served, data: bytes) -> tuple[list[bytes], bool]:
     return [line for line in received.split(b"\r\n") if line.startswith(b"HTTP/1.")], closed
 
 
-SMUGGLED = b"POST /v2/repository/index HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\n\r\n"
+SMUGGLED = b"POST /v2/repository/index HTTP/1.1\r\nHost: [::1]\r\nContent-Length: 0\r\n\r\n"
 
 
 @pytest.mark.parametrize(
@@ -307,7 +307,7 @@ def test_a_request_framed_two_ways_is_refused_and_never_yields_a_second_request(
     start = time.time()
     document = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1, 8, 8], "data": [0.0] * 64}]}
     body = json.dumps(document).encode()
-    first = f"POST {V2_INFER} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n{head}\r\n\r\n".encode()
+    first = f"POST {V2_INFER} HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\n{head}\r\n\r\n".encode()
     statuses, closed = exchange(served, first + SMUGGLED + body)
     summary = assert_model_untouched(served, start)
     succeeded = len(statuses) != 1 or not statuses[0].startswith(b"HTTP/1.1 400") or not closed

@@ -115,10 +115,10 @@ def test_each_class_of_bad_input_is_a_clear_client_error(
 
 
 def test_a_body_over_the_limit_gets_413_without_being_read(service: InferenceService) -> None:
-    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {10**9}\r\n\r\n"
+    head = f"POST {INFER} HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\nContent-Length: {10**9}\r\n\r\n"
     answer, closed = raw_exchange(service.port, head.encode())
     assert answer.startswith(b"HTTP/1.1 413 ") and b"exceeds the limit of 65536 bytes" in answer and closed
-    no_length = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    no_length = f"POST {INFER} HTTP/1.1\r\nHost: [::1]\r\nConnection: close\r\n\r\n"
     assert raw_exchange(service.port, no_length.encode())[0].startswith(b"HTTP/1.1 411 ")
     assert raw_exchange(service.port, b"GARBAGE\r\n\r\n")[0].startswith(b"HTTP/1.1 400 ")
 

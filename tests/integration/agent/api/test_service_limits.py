@@ -1,5 +1,6 @@
 """The local inference API's limits, on real ONNX Runtime sessions over real HTTP: what counts against the model,
-admission from the head before the body, deadlines, connections that cost no thread, pipelining, OIP errors."""
+refusals from the head before the body, a place taken only once the body is complete, deadlines, connections that
+cost no thread, pipelining, OIP errors."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from edgefleet.agent.api.service import InferenceService, ServiceConfig
 from edgefleet.agent.runtime.model import LoadedModel
@@ -52,24 +54,40 @@ def test_only_a_failure_of_the_models_own_run_counts_against_it(models: dict[str
 
 
 def test_a_request_is_refused_from_its_head_before_its_body_is_read(models: dict[str, LoadedModel]) -> None:
+    with InferenceService([models["v1"]], ServiceConfig(port=0, max_body_bytes=1 << 20)) as svc:
+        for path, length, status in (("/v2/models/nope/infer", 4000, b"404"), (INFER, 4_000_000, b"413")):
+            head = f"POST {path} HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\n"
+            with socket.create_connection(("127.0.0.1", svc.port), timeout=10) as sock:
+                sock.sendall(f"{head}Content-Length: {length}\r\n\r\n".encode())  # not one byte of the body follows
+                assert sock.recv(65536).startswith(b"HTTP/1.1 " + status + b" ")
+
+
+def test_a_queue_place_is_taken_only_once_the_body_is_complete(models: dict[str, LoadedModel]) -> None:
+    """A client that trickles its body holds a socket, never a place: with the one slot busy and no queue, a
+    request whose body is still arriving is not refused for a full queue, and holds nothing until it is whole."""
     gated = GatedModel(models["v1"])
+    body = json_body(sample(models))
     with InferenceService([gated], ServiceConfig(port=0, concurrency=1, queue_size=0)) as svc:
-        busy = threading.Thread(target=lambda: call(svc, "POST", INFER, json_body(sample(models))))
+        head = f"POST {INFER} HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\n"
+        slow = socket.create_connection(("127.0.0.1", svc.port), timeout=10)
+        slow.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])  # the rest comes later
+        answers: list[int] = []
+        busy = threading.Thread(target=lambda: answers.append(call(svc, "POST", INFER, body)[0]))
         busy.start()
-        assert gated.entered.acquire(timeout=10)
-        head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n\r\n"
-        with socket.create_connection(("127.0.0.1", svc.port), timeout=10) as sock:
-            sock.sendall(head.encode())  # not one byte of the 4 MB body follows
-            answer = sock.recv(65536)
+        assert gated.entered.acquire(timeout=10)  # admitted and running: the trickling client held no place
+        slow.sendall(body[10:])  # complete: a place is asked for now, and there is none
+        answer = slow.recv(65536)
         assert answer.startswith(b"HTTP/1.1 503 ") and b"queue full" in answer
+        slow.close()
         gated.gate.set()
         busy.join(10)
+        assert answers == [200] and svc.metrics.queue_depth() == 0 and svc.metrics.in_flight() == 0
 
 
 def test_a_body_that_never_arrives_times_out_and_frees_its_place(models: dict[str, LoadedModel]) -> None:
     config = ServiceConfig(port=0, concurrency=1, queue_size=0, body_timeout_s=0.5)
     with InferenceService([models["v1"]], config) as svc:
-        head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        head = f"POST {INFER} HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
         with socket.create_connection(("127.0.0.1", svc.port), timeout=10) as sock:
             sock.sendall(head.encode() + b'{"inp')
             answer = sock.recv(65536)
@@ -90,8 +108,8 @@ def test_connections_cost_no_thread_each_and_pipelined_requests_are_answered_in_
                 time.sleep(0.01)
             assert svc.metrics.open_connections() == 200 and threading.active_count() == threads
             body = json_body(sample(models))
-            one = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-            last = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            one = f"POST {INFER} HTTP/1.1\r\nHost: [::1]\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            last = b"GET /healthz HTTP/1.1\r\nHost: [::1]\r\nConnection: close\r\n\r\n"
             answer, _ = raw_exchange(svc.port, one + one + last)
             assert answer.count(b"HTTP/1.1 200 ") == 3 and answer.rstrip().endswith(b'"models": ["digits-cnn"]}')
         finally:
@@ -143,7 +161,7 @@ def test_a_large_answer_to_a_slow_reader_arrives_whole_and_the_connection_is_reu
     x = np.random.default_rng(0).random((20_000, 1, 8, 8), dtype=np.float32)
     body = npy(x)
     request = (
-        f"POST /v1/models/digits-dyn/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\n"
+        f"POST /v1/models/digits-dyn/infer HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/x-npy\r\n"
         f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
     expected = models["dyn"].run({"input": x})["logits"]
@@ -181,3 +199,20 @@ def test_at_the_connection_limit_the_longest_idle_connection_makes_room(models: 
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_with_a_token_every_endpoint_needs_it_and_the_api_may_listen_beyond_loopback(
+    models: dict[str, LoadedModel],
+) -> None:
+    token = "0123456789abcdef-token"
+    with pytest.raises(ValueError, match="beyond loopback"):
+        InferenceService([models["v1"]], ServiceConfig(host="0.0.0.0", port=0))
+    with InferenceService([models["v1"]], ServiceConfig(host="0.0.0.0", port=0, api_token=token)) as svc:
+        body = json_body(sample(models))
+        oip = "/v2/models/digits-cnn/infer"
+        for method, path, payload in (("GET", "/metrics", None), ("GET", "/v2/health/ready", None),
+                                      ("POST", INFER, body), ("POST", oip, b"{}")):  # fmt: skip
+            status, headers, _ = call(svc, method, path, payload)
+            assert status == 401 and headers["www-authenticate"] == "Bearer", path
+        assert call(svc, "POST", INFER, body, {"Authorization": "Bearer wrong"})[0] == 401
+        assert call(svc, "POST", INFER, body, {"Authorization": f"Bearer {token}"})[0] == 200

@@ -112,7 +112,7 @@ def test_pipelined_requests_are_answered_in_order_without_recursion(
         requests = []
         for index in range(count):
             body = _oip(x, f"r{index}")
-            requests.append(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            requests.append(f"POST {OIP} HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         with socket.create_connection(("127.0.0.1", svc.port), timeout=30) as sock:
             # A pipelining client reads while it writes: the answers must never wait for the whole pipeline to be sent.
             sender = threading.Thread(target=sock.sendall, args=(b"".join(requests),), daemon=True)
@@ -179,7 +179,7 @@ def test_a_quick_answer_the_peer_cannot_take_at_once_is_finished_by_a_worker_whi
         slow.connect(("127.0.0.1", svc.port))
         with slow:
             body = _oip(x, "slow-1")
-            slow.sendall(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            slow.sendall(f"POST {OIP} HTTP/1.1\r\nHost: [::1]\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             deadline = time.monotonic() + 10
             while len(model.threads) == runs_before and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -194,13 +194,13 @@ def test_a_quick_answer_the_peer_cannot_take_at_once_is_finished_by_a_worker_whi
             assert status == 200 and document["id"] == "slow-1"
             assert len(document["outputs"][0]["data"]) == 1 << 20
             body = _oip(x, "slow-2")
-            slow.sendall(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            slow.sendall(f"POST {OIP} HTTP/1.1\r\nHost: [::1]\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             status, answer = _read_answer(reader)
             assert status == 200 and json.loads(answer)["id"] == "slow-2"
 
 
 def _post(sock: socket.socket, body: bytes) -> None:
-    sock.sendall(f"POST {OIP} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(f"POST {OIP} HTTP/1.1\r\nHost: [::1]\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
 
 
 def test_requests_from_several_clients_at_once_go_to_the_workers_not_one_by_one_through_the_io_thread(
