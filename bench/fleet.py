@@ -298,7 +298,8 @@ def _run_steps(
         results = sims.ask("stop")
         acked = {d: seqs for r in results for d, seqs in r["acked"].items()}
         spooled = {d: seqs for r in results for d, seqs in r["spooled"].items()}
-        missing, duplicated = lost(store, acked, spooled=spooled if args.resend else None)
+        missing, duplicated = lost(store, acked, settle_s=30.0 if args.resend else 120.0,
+                                   spooled=spooled if args.resend else None)  # fmt: skip
         counters = store.counters()
         totals = sims_totals(results)
         report["telemetry"] = {
