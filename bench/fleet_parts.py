@@ -159,11 +159,11 @@ def instances(broker: str, store_url: str, count: int, work: Path) -> Iterator[l
             proc.stop()
 
 
-def broker(agents: int) -> MosquittoBroker:
+def broker(agents: int, queue: int = 100_000) -> MosquittoBroker:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = max(soft, min(hard, 4 * agents + 1024))
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # Mosquitto and the simulators inherit it
-    return MosquittoBroker(extra_config=["max_connections -1", "max_queued_messages 100000",
+    return MosquittoBroker(extra_config=["max_connections -1", f"max_queued_messages {queue}",
                                          "max_inflight_messages 64", "sys_interval 2"])  # fmt: skip
 
 

@@ -91,6 +91,18 @@ BENCHES = [
             "by the broker, not stored, not still spooled. `delay_to_stored`: first send to the covering "
             "`StoredUpTo`, on the device. `admission`: the ingest counters and the broker's own drops.")
       for backend, label in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))),
+    *(Bench(f"fleet_broker_drops_{mode.replace('-', '_')}",
+            f"The broker drops what the store cannot take: devices that {what}",
+            f"python bench/record.py fleet_broker_drops_{mode.replace('-', '_')} -- python bench/fleet.py --steps 500 "
+            "--backends sqlite --duration 10 --store-stall 40 --broker-queue 2000 --rollout-devices 0 "
+            f"--no-group-change --settle 90 --devices {mode} "
+            f"--out bench/results/fleet_broker_drops_{mode.replace('-', '_')}.json",
+            "500 simulated agents at one report a second, 2 `control serve` instances on SQLite, whose write lock is "
+            "held for 40 s after the steady state; Mosquitto queues at most 2,000 messages per instance and drops "
+            "the rest after acknowledging them to the device (`admission.broker_dropped`). Run once with devices "
+            "that re-send as the agent does and once with devices that fire and forget, one after the other: "
+            "lost = acknowledged by the broker, not stored (and, for agent devices, not still spooled).")
+      for mode, what in (("agent", "re-send as the agent does"), ("fire-and-forget", "fire and forget"))),
 ]  # fmt: skip
 
 
