@@ -70,9 +70,8 @@ class SimSettings:
     hardware: Hardware
     block_window: int  # block subscriptions in flight per download
     raw_prefix: str  # topics whose bytes are only counted (a raw bandwidth baseline)
-    resend: ResendPolicy | None = (
-        None  # spool reports until stored and re-send, as the agent does; None: fire and forget
-    )
+    # spool reports until stored and re-send, as the agent does; None: fire and forget
+    resend: ResendPolicy | None = None
 
 
 class SimHost(Protocol):
@@ -305,6 +304,8 @@ class SimDevice:
 
     def _on_stored(self, payload: bytes) -> None:
         assert self.spool is not None
+        if not payload:  # a retained acknowledgement being cleared
+            return
         try:
             message = decode(StoredUpTo, payload)
         except MessageError as err:
