@@ -2,7 +2,9 @@
 
     python bench/fleet.py [--steps 1000,2000,3000,4000,5000] [--backends sqlite,postgresql] [--instances 2]
                           [--interval 1] [--duration 20] [--per-proc 1000] [--rollout-devices 500]
-                          [--bundle-mb 10] [--cpu-hog N] [--store-stall S] [--json] [--out FILE]
+                          [--bundle-mb 10] [--cpu-hog N] [--store-stall S] [--no-group-change]
+                          [--devices agent|fire-and-forget] [--spool-max N] [--settle S] [--broker-queue N]
+                          [--json] [--out FILE]
 
 For each backend, one Mosquitto and `--instances` real `control serve` processes on one store (they split
 ingestion through shared subscriptions; one holds the engine lease). The simulated agents (real MQTT
@@ -19,6 +21,17 @@ same bytes against a real one-wave rollout (engine → desired → offer → win
 per-block sha256 → committed status). At the end every simulator waits for its last PUBACK and every
 report the broker acknowledged is looked up in the store by (device, seq): lost = acknowledged, not stored.
 
+The simulated devices behave as agents do (`--devices agent`, the default): each keeps its reports in an in-memory
+spool bounded as the agent's (`--spool-max`, the agent's 10,000 by default) until the control plane's retained
+`StoredUpTo` covers them, re-sends what the broker took but the host did not store with the agent's delay and rate
+(tests/support/simulate/spool.py, the rules of agent/telemetry/spool.py and reporter.py), and says
+`reports-dropped` when its spool overflows. At the end the devices stop making reports and keep re-sending for up
+to `--settle` s, until every spool is empty; then lost = acknowledged by the broker, not stored, and not still in
+its device's spool (a report still spooled is not lost: its device still has it). The delay from a report's first
+send to the `StoredUpTo` that covers it is measured on the device (p50, p95; 0.1 s steps; the control plane sends
+a device's `StoredUpTo` at most once a second). `--devices fire-and-forget`: the earlier simulator, whose devices
+send each report once.
+
 Under load: `--cpu-hog N` keeps N processes spinning beside everything for the whole run, and `--store-stall S`
 stops the store for S seconds at the last step, after its steady state (PostgreSQL: its processes get SIGSTOP,
 then SIGCONT; SQLite: another connection holds the write lock): the reports acknowledged meanwhile, and how long
@@ -28,6 +41,7 @@ after the store is back until everything acknowledged is stored. The goal: 0 los
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -42,11 +56,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fleet_parts import (
+    BrokerDrops,
     Sims,
     backend_store,
     broker,
     cpu_hog,
     cpu_seconds,
+    delay_quantiles,
     instances,
     lost,
     postgres_pids,
@@ -65,6 +81,7 @@ from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import SigningKey
 
 from support.simulate.agents import synthetic_bundle
+from support.simulate.spool import ResendPolicy
 
 PROFILE = "generic-x86-64"
 
@@ -90,11 +107,12 @@ def publish(host: Connection, store: Store, path: Path) -> Any:
 
 def steady(store: Store, sims: Sims, pids: dict[str, list[int]], devices: int, duration: float) -> dict[str, Any]:
     cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
-    acked0, stored0, counters0, wall0 = sims.total("telemetry_acked"), store.telemetry_count(), store.counters(), 0.0
+    sims0, stored0, counters0 = sims.stats(), store.telemetry_count(), store.counters()
     wall0 = time.monotonic()
     time.sleep(duration)
     wall = time.monotonic() - wall0
-    acked1, stored1, counters1 = sims.total("telemetry_acked"), store.telemetry_count(), store.counters()
+    sims1, stored1, counters1 = sims.stats(), store.telemetry_count(), store.counters()
+    acked0, acked1 = sims0["telemetry_acked"], sims1["telemetry_acked"]
     cpu = {k: round(100 * (cpu_seconds(v) - cpu0[k]) / wall, 1) for k, v in pids.items()}
     histogram = {k: v - counters0.get(k, 0) for k, v in counters1.items()}
     p95 = write_ms_quantile(histogram, 0.95)
@@ -102,6 +120,8 @@ def steady(store: Store, sims: Sims, pids: dict[str, list[int]], devices: int, d
         "seconds": round(wall, 1),
         "reports_per_s_acked": round((acked1 - acked0) / wall, 1),
         "reports_per_s_stored": round((stored1 - stored0) / wall, 1),
+        "reports_per_s_resent": round((sims1["resent"] - sims0["resent"]) / wall, 1),
+        "spooled_at_end": sims.spooled().get("depth") if sims.resend else None,
         "control_cpu_pct": cpu["control"],
         "control_cpu_pct_per_1000": round(cpu["control"] / (devices / 1000), 1),
         "broker_cpu_pct": cpu["broker"],
@@ -120,12 +140,12 @@ def stall(store: Store, store_url: str, pg: Any, sims: Sims, seconds: float) -> 
         time.sleep(seconds)
         acked1 = sims.total("telemetry_acked")
     back = time.monotonic()
-    caught_up = wait_for(lambda: store.telemetry_count() - stored0 >= acked1 - acked0, 300, 0.5)
+    caught_up = wait_for(lambda: store.telemetry_count() - stored0 >= acked1 - acked0, 150, 0.5)
     return {
         "how": how,
         "seconds": seconds,
         "acked_during": acked1 - acked0,
-        "caught_up": caught_up,
+        "caught_up": caught_up,  # within 150 s (devices that fire and forget never catch up what the broker dropped)
         "catch_up_s": round(time.monotonic() - back, 1),
         "stored_after": store.telemetry_count() - stored0,
     }
@@ -202,6 +222,33 @@ def bundle_vs_raw(store: Store, host: Connection, sims: Sims, work: Path, key: S
     }
 
 
+def settle(store: Store, sims: Sims, seconds: float) -> dict[str, Any]:
+    """The devices make no more reports; their spools keep re-sending until empty or `seconds` passed. Samples of
+    what the spools hold and what is stored, every 5 s (do the re-sends converge?)."""
+    sims.ask("quiet")
+    started = time.monotonic()
+    samples: list[dict[str, Any]] = []
+    while True:
+        spooled, elapsed = sims.spooled(), time.monotonic() - started
+        samples.append({"s": round(elapsed, 1), "spooled": spooled.get("depth", 0), "unsent": spooled.get("unsent", 0),
+                        "stored": store.telemetry_count(), "resent": sims.total("resent")})  # fmt: skip
+        print(f"[settle] {json.dumps(samples[-1])}", file=sys.stderr, flush=True)
+        if not spooled.get("depth") or elapsed >= seconds:
+            break
+        time.sleep(min(5.0, max(0.5, seconds - elapsed)))
+    return {"limit_s": seconds, "seconds": samples[-1]["s"], "emptied": not samples[-1]["spooled"],
+            "samples": samples}  # fmt: skip
+
+
+def admission_figures(store: Store, drops: BrokerDrops) -> dict[str, Any]:
+    """What the control plane's admission and the broker did with what was offered: per-device budget drops,
+    refusals, repeats, store retries (the store's counters, all instances), and the broker's own drops."""
+    counters = store.counters()
+    names = ("received", "telemetry", "events", "duplicates", "over_budget", "oversized", "invalid", "malformed",
+             "unknown_device", "rejected", "store_retries", "stored_acks")  # fmt: skip
+    return {**{name: counters.get(f"ingest.{name}", 0) for name in names}, "broker_dropped": drops.value}
+
+
 def run_backend(kind: str, args: Any) -> dict[str, Any]:
     report: dict[str, Any] = {"backend": kind, "instances": args.instances, "steps": []}
     with tempfile.TemporaryDirectory(prefix=f"edgefleet-bench-{kind}-") as tmp:
@@ -209,7 +256,7 @@ def run_backend(kind: str, args: Any) -> dict[str, Any]:
         init_keys(work / "keys")  # root, bundle and ops keys; publish and `control serve` sign with them
         os.environ["EDGEFLEET_HOME"] = str(work)
         with (
-            broker(max(args.steps)) as mosquitto,
+            broker(max(args.steps), args.broker_queue) as mosquitto,
             backend_store(kind, work) as (store_url, pg),
             instances(mosquitto.url, store_url, args.instances, work) as planes,
         ):
@@ -222,7 +269,8 @@ def _run_steps(
     store = open_store(store_url)
     key = SigningKey.load(work / "keys" / "bundle.key")
     host = Connection(mosquitto.url, f"bench-host-{kind}").start()
-    sims = Sims(mosquitto.url, args.per_proc, args.interval)
+    drops = BrokerDrops(host)
+    sims = Sims(mosquitto.url, args.per_proc, args.interval, args.resend)
     try:
         for index, devices in enumerate(args.steps):
             started = time.monotonic()
@@ -239,29 +287,54 @@ def _run_steps(
                 print(f"[{kind}] stall {json.dumps(step['stall'])}", file=sys.stderr, flush=True)
             tiny = synthetic_bundle(work, key, model_name="bench-desired", version=str(index + 1),
                                     size_bytes=4096, seed=index)  # fmt: skip
-            step["group_change"] = group_change(store, host, sims, tiny, devices)
+            if args.group_change:
+                step["group_change"] = group_change(store, host, sims, tiny, devices)
             report["steps"].append(step)
             print(f"[{kind}] {json.dumps(step)}", file=sys.stderr, flush=True)
         if args.rollout_devices:
             report["bundle"] = bundle_vs_raw(store, host, sims, work, key, args, pids)
             print(f"[{kind}] bundle {json.dumps(report['bundle'])}", file=sys.stderr, flush=True)
+        if args.resend:
+            report["settle"] = settle(store, sims, args.settle)
         results = sims.ask("stop")
         acked = {d: seqs for r in results for d, seqs in r["acked"].items()}
-        missing, duplicated = lost(store, acked)
+        spooled = {d: seqs for r in results for d, seqs in r["spooled"].items()}
+        missing, duplicated = lost(store, acked, settle_s=30.0 if args.resend else 120.0,
+                                   spooled=spooled if args.resend else None)  # fmt: skip
         counters = store.counters()
+        totals = sims_totals(results)
         report["telemetry"] = {
-            "sent": sum(r["stats"]["telemetry_sent"] for r in results),
+            "devices": "agent" if args.resend else "fire-and-forget",
+            "sent": totals["telemetry_sent"],
             "acked": sum(len(s) for s in acked.values()),
             "stored": store.telemetry_count(),
             "lost": missing,
+            "still_spooled": sum(len(s) for s in spooled.values()),
+            "resent": totals["resent"],
+            "spool_dropped": totals["spool_dropped"],
+            "reports_dropped_events": totals["drops_announced"],
             "stored_twice": duplicated,
             "duplicates_dropped": counters.get("ingest.duplicates", 0),
             "store_errors": counters.get("ingest.store_errors", 0),
+            "delay_to_stored": delay_quantiles(totals["stored_delay_ds"]),
         }
+        report["admission"] = admission_figures(store, drops)
     finally:
         host.stop()
         store.close()
     return report
+
+
+def sims_totals(results: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {"stored_delay_ds": {}}
+    for result in results:
+        for key, value in result["stats"].items():
+            if isinstance(value, dict):
+                for bucket, count in value.items():
+                    total[key][bucket] = total[key].get(bucket, 0) + count
+            elif key != "raw_last":
+                total[key] = total.get(key, 0) + value
+    return total
 
 
 def print_table(reports: list[dict[str, Any]]) -> None:
@@ -270,7 +343,7 @@ def print_table(reports: list[dict[str, Any]]) -> None:
     rows = []
     for r in reports:
         for step in r["steps"]:
-            s, g = step["steady"], step["group_change"]
+            s, g = step["steady"], step.get("group_change") or {"published_s": "-", "last_commit_s": "-"}
             rows.append((r["backend"], step["devices"], s["reports_per_s_acked"], s["reports_per_s_stored"],
                          s["control_cpu_pct"], s["control_cpu_pct_per_1000"], s["store_write_p95_ms"],
                          s["broker_cpu_pct"], s["postgres_cpu_pct"] if s["postgres_cpu_pct"] is not None else "-",
@@ -283,7 +356,17 @@ def print_table(reports: list[dict[str, Any]]) -> None:
         t = r["telemetry"]
         print(f"{r['backend']}: telemetry sent {t['sent']} / acknowledged {t['acked']} / stored {t['stored']}; "
               f"lost {t['lost']}, stored twice {t['stored_twice']}, duplicates dropped {t['duplicates_dropped']}, "
-              f"store errors {t['store_errors']}")  # fmt: skip
+              f"store errors {t['store_errors']} ({t['devices']} devices)")  # fmt: skip
+        if "settle" in r:
+            d, st = t["delay_to_stored"], r["settle"]
+            print(f"{r['backend']}: re-sent {t['resent']}, still spooled after a {st['seconds']:g} s settle "
+                  f"(limit {st['limit_s']:g} s) {t['still_spooled']}, dropped by full spools {t['spool_dropped']}; "
+                  f"first send to stored p50 {d['p50_s']} s, p95 {d['p95_s']} s, max {d['max_s']} s "
+                  f"({d['count']} reports)")  # fmt: skip
+        a = r["admission"]
+        print(f"{r['backend']}: admission: {a['over_budget']} over budget, {a['oversized']} oversized, "
+              f"{a['invalid']} invalid, {a['duplicates']} repeats stored once, {a['store_retries']} store retries; "
+              f"the broker dropped {a['broker_dropped']}")  # fmt: skip
         for step in r["steps"]:
             s = step.get("stall")
             if s:
@@ -311,14 +394,36 @@ def main() -> int:
     parser.add_argument("--bundle-mb", type=float, default=10.0)
     parser.add_argument("--cpu-hog", type=int, default=0, help="processes spinning beside the run (a loaded machine)")
     parser.add_argument("--store-stall", type=float, default=0.0, help="stop the store this long at the last step (s)")
+    parser.add_argument("--no-group-change", dest="group_change", action="store_false",
+                        help="skip the group change at each step")  # fmt: skip
+    parser.add_argument(
+        "--devices",
+        choices=("agent", "fire-and-forget"),
+        default="agent",
+        help="agent: spool until stored and re-send, as the agent does; fire-and-forget: send once",
+    )
+    parser.add_argument("--spool-max", type=int, default=None, help="reports a device spools (the agent's default)")
+    parser.add_argument("--settle", type=float, default=120.0,
+                        help="at the end: how long the devices may re-send, making no new reports (s)")  # fmt: skip
+    parser.add_argument("--broker-queue", type=int, default=100_000,
+                        help="Mosquitto's max_queued_messages: what it queues per client (an instance) beyond that it "
+                        "drops, after acknowledging the device")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--out", type=Path, help="also write the JSON document here")
     args = parser.parse_args()
     args.steps = sorted(int(s) for s in args.steps.split(","))
+    args.resend = None
+    if args.devices == "agent":
+        args.resend = ResendPolicy.agent_defaults()
+        if args.spool_max:
+            args.resend = dataclasses.replace(args.resend, max_records=args.spool_max)
     with cpu_hog(args.cpu_hog):
         reports = [run_backend(kind.strip(), args) for kind in args.backends.split(",")]
     document = {"cpus": psutil.cpu_count(), "interval_s": args.interval, "per_proc": args.per_proc,
-                "cpu_hog": args.cpu_hog, "store_stall_s": args.store_stall, "results": reports}  # fmt: skip
+                "cpu_hog": args.cpu_hog, "store_stall_s": args.store_stall, "devices": args.devices,
+                "broker_queue": args.broker_queue,
+                "resend": dataclasses.asdict(args.resend) if args.resend else None, "settle_s": args.settle,
+                "results": reports}  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(document, indent=2) + "\n")
     if args.json:

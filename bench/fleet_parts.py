@@ -26,13 +26,16 @@ from support.servers.brokers import MosquittoBroker  # noqa: E402
 from support.servers.control_procs import ServeProcess  # noqa: E402
 from support.servers.pg_server import PostgresServer  # noqa: E402
 from support.simulate.agents import SimFleet  # noqa: E402
+from support.simulate.spool import ResendPolicy  # noqa: E402
 
 BLOCK = 128 * 1024
 
 
-def worker(pipe: Pipe, broker: str, device_ids: list[str], interval: float) -> None:
-    """One simulator process: its devices (one real MQTT connection each) on one select loop; answers the bench."""
-    fleet = SimFleet(broker, device_ids, groups=["bench"], telemetry_interval=interval, connect_per_tick=100).start()
+def worker(pipe: Pipe, broker: str, device_ids: list[str], interval: float, resend: ResendPolicy | None) -> None:
+    """One simulator process: its devices (one real MQTT connection each) on one select loop; answers the bench.
+    `resend`: the devices spool and re-send as the agent does; None: they fire and forget."""
+    fleet = SimFleet(broker, device_ids, groups=["bench"], telemetry_interval=interval, connect_per_tick=100,
+                     resend=resend).start()  # fmt: skip
     pipe.send(fleet.wait_connected(300))
     while True:
         command, arg = pipe.recv()
@@ -43,18 +46,25 @@ def worker(pipe: Pipe, broker: str, device_ids: list[str], interval: float) -> N
             pipe.send(True)
         elif command == "commits":
             pipe.send(list(fleet.commits))
+        elif command == "quiet":
+            fleet.quiet_down()
+            pipe.send(True)
+        elif command == "spooled":
+            pipe.send(fleet.spooled())
         elif command == "stop":
+            fleet.quiet_down()
+            spooled = fleet.spooled_telemetry()  # what the devices still hold when they stop sending
             fleet.stop(drain_s=30.0)
-            pipe.send({"stats": fleet.stats.as_dict(), "acked": {d.device_id: d.acked_telemetry
-                                                                  for d in fleet.devices.values()}})  # fmt: skip
+            pipe.send({"stats": fleet.stats.as_dict(), "spooled": spooled,
+                       "acked": {d.device_id: d.acked_telemetry for d in fleet.devices.values()}})  # fmt: skip
             return
 
 
 class Sims:
     """Simulator processes, `per_proc` devices each; `grow(n)` adds processes until n devices run."""
 
-    def __init__(self, broker: str, per_proc: int, interval: float) -> None:
-        self.broker, self.per_proc, self.interval = broker, per_proc, interval
+    def __init__(self, broker: str, per_proc: int, interval: float, resend: ResendPolicy | None = None) -> None:
+        self.broker, self.per_proc, self.interval, self.resend = broker, per_proc, interval, resend
         self.ids: list[str] = []
         self.pipes: list[Pipe] = []
         self.procs: list[Any] = []
@@ -65,7 +75,8 @@ class Sims:
         while len(self.ids) < count:
             ids = [f"bench-{i:05d}" for i in range(len(self.ids), min(count, len(self.ids) + self.per_proc))]
             mine, theirs = self._ctx.Pipe()
-            proc = self._ctx.Process(target=worker, args=(theirs, self.broker, ids, self.interval), daemon=True)
+            proc = self._ctx.Process(target=worker, args=(theirs, self.broker, ids, self.interval, self.resend),
+                                     daemon=True)  # fmt: skip
             proc.start()
             self.ids += ids
             self.pipes.append(mine)
@@ -81,6 +92,26 @@ class Sims:
 
     def total(self, key: str) -> int:
         return sum(int(s[key]) for s in self.ask("stats"))
+
+    def stats(self) -> dict[str, Any]:
+        """Every simulator's counters added up (`stored_delay_ds`, a histogram, bucket by bucket)."""
+        total: dict[str, Any] = {"stored_delay_ds": {}}
+        for stats in self.ask("stats"):
+            for key, value in stats.items():
+                if isinstance(value, dict):
+                    for bucket, count in value.items():
+                        total[key][bucket] = total[key].get(bucket, 0) + count
+                elif key != "raw_last":
+                    total[key] = total.get(key, 0) + value
+        return total
+
+    def spooled(self) -> dict[str, int]:
+        """What the devices' spools hold, added up (`SimFleet.spooled`)."""
+        total: dict[str, int] = {}
+        for counts in self.ask("spooled"):
+            for key, value in counts.items():
+                total[key] = total.get(key, 0) + value
+        return total
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid is not None]
@@ -128,12 +159,12 @@ def instances(broker: str, store_url: str, count: int, work: Path) -> Iterator[l
             proc.stop()
 
 
-def broker(agents: int) -> MosquittoBroker:
+def broker(agents: int, queue: int = 100_000) -> MosquittoBroker:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = max(soft, min(hard, 4 * agents + 1024))
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))  # Mosquitto and the simulators inherit it
-    return MosquittoBroker(extra_config=["max_connections -1", "max_queued_messages 100000",
-                                         "max_inflight_messages 64"])  # fmt: skip
+    return MosquittoBroker(extra_config=["max_connections -1", f"max_queued_messages {queue}",
+                                         "max_inflight_messages 64", "sys_interval 2"])  # fmt: skip
 
 
 def raw_fanout(host: Connection, sims: Sims, devices: list[str], size: int) -> float:
@@ -204,15 +235,52 @@ def store_stalled(store_url: str, pg: PostgresServer | None) -> Iterator[str]:
         conn.close()
 
 
-def lost(store: Any, acked: dict[str, list[int]], settle_s: float = 120.0) -> tuple[int, int]:
-    """(acknowledged reports missing from the store, reports stored twice), once ingestion caught up."""
+def delay_quantiles(histogram: dict[int, int], quantiles: tuple[float, ...] = (0.5, 0.95, 0.99)) -> dict[str, Any]:
+    """Quantiles (s) of a histogram of 0.1 s steps (`SimStats.stored_delay_ds`): the upper edge of the step."""
+    count = sum(histogram.values())
+    out: dict[str, Any] = {"count": count}
+    for q in quantiles:
+        out[f"p{round(q * 100)}_s"] = None
+        if not count:
+            continue
+        seen, want = 0, q * count
+        for step in sorted(histogram):
+            seen += histogram[step]
+            if seen >= want:
+                out[f"p{round(q * 100)}_s"] = round((step + 1) / 10, 1)
+                break
+    out["max_s"] = round((max(histogram) + 1) / 10, 1) if histogram else None
+    return out
+
+
+class BrokerDrops:
+    """Mosquitto's count of messages it dropped (a full queue of a subscriber: `max_queued_messages`), from
+    `$SYS/broker/publish/messages/dropped` (published every `sys_interval` s)."""
+
+    TOPIC = "$SYS/broker/publish/messages/dropped"
+
+    def __init__(self, host: Connection) -> None:
+        self.value = 0
+        host.subscribe(self.TOPIC, self._on)
+
+    def _on(self, topic: str, payload: bytes, retained: bool) -> None:
+        with contextlib.suppress(ValueError):
+            self.value = int(payload)
+
+
+def lost(
+    store: Any, acked: dict[str, list[int]], settle_s: float = 120.0, spooled: dict[str, list[int]] | None = None
+) -> tuple[int, int]:
+    """(acknowledged reports missing from the store, reports stored twice), once ingestion caught up. With
+    `spooled` (device → the numbers its spool still holds), a report still spooled is not missing: its device still
+    has it and sends it again."""
     deadline = time.monotonic() + settle_s
     while True:
         missing = dup = 0
         for device, seqs in acked.items():
             stored = [p.seq for p in store.telemetry(device, 0.0)]
-            have = set(stored)
-            dup += len(stored) - len(have)
+            have = set(stored) | set((spooled or {}).get(device, ()))
+            dup += len(stored) - len(set(stored))
             missing += sum(1 for s in seqs if s not in have)
         if missing == 0 or time.monotonic() > deadline:
             return missing, dup

@@ -85,6 +85,30 @@ BENCHES = [
           "--out bench/results/fleet_stall.json",
           "5,000 simulated agents, one process spinning beside them, 2 `control serve` instances on PostgreSQL, "
           "whose processes get SIGSTOP for 10 s after the steady state: lost = acknowledged, not stored."),
+    *(Bench(f"fleet_overload_{backend}", f"5,000 agents reporting every second on a loaded machine ({label}), devices "
+            "that re-send as the agent does",
+            f"python bench/record.py fleet_overload_{backend} -- python bench/fleet.py --steps 5000 --backends "
+            f"{backend} --cpu-hog 2 --duration 30 --rollout-devices 0 --no-group-change --settle 90 "
+            f"--out bench/results/fleet_overload_{backend}.json",
+            "5,000 simulated agents at one report a second, two processes spinning beside them on the 2 cores, 2 "
+            f"`control serve` instances on {label}; each device spools its reports until the control plane's "
+            "`StoredUpTo` covers them and re-sends the gaps with the agent's rules (30 s, 50/s, 10,000 reports). "
+            "At the end the devices make no new reports and re-send for up to 90 s (`settle`): lost = acknowledged "
+            "by the broker, not stored, not still spooled. `delay_to_stored`: first send to the covering "
+            "`StoredUpTo`, on the device. `admission`: the ingest counters and the broker's own drops.")
+      for backend, label in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))),
+    *(Bench(f"fleet_broker_drops_{mode.replace('-', '_')}",
+            f"The broker drops what the store cannot take: devices that {what}",
+            f"python bench/record.py fleet_broker_drops_{mode.replace('-', '_')} -- python bench/fleet.py --steps 500 "
+            "--backends sqlite --duration 10 --store-stall 40 --broker-queue 2000 --rollout-devices 0 "
+            f"--no-group-change --settle 90 --devices {mode} "
+            f"--out bench/results/fleet_broker_drops_{mode.replace('-', '_')}.json",
+            "500 simulated agents at one report a second, 2 `control serve` instances on SQLite, whose write lock is "
+            "held for 40 s after the steady state; Mosquitto queues at most 2,000 messages per instance and drops "
+            "the rest after acknowledging them to the device (`admission.broker_dropped`). Run once with devices "
+            "that re-send as the agent does and once with devices that fire and forget, one after the other: "
+            "lost = acknowledged by the broker, not stored (and, for agent devices, not still spooled).")
+      for mode, what in (("agent", "re-send as the agent does"), ("fire-and-forget", "fire and forget"))),
 ]  # fmt: skip
 
 

@@ -143,6 +143,9 @@ class Reporter:
         if through <= spool.counter("announced_dropped_through"):
             return
         if through > spool.stored_up_to():
+            # The event takes a place in a full spool too: it names the report it pushes out, or each announcement
+            # would drop one more report and call for another, as fast as the flush loop turns.
+            through = max(through, spool.next_to_drop())
             detail = (f"the report spool was full ({spool.max_records} records): {spool.dropped()} reports dropped "
                       f"so far; those numbered up to {through} and not stored are lost")  # fmt: skip
             if not self.event("reports-dropped", detail, dropped_through=through):

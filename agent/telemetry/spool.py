@@ -188,6 +188,17 @@ class Spool:
     def stored_up_to(self) -> int:
         return self.counter("stored_up_to")
 
+    def next_to_drop(self) -> int:
+        """The highest sequence number the next `put` drops to make room (the oldest records of a full outbox);
+        0: it drops none."""
+        with self._lock:
+            (count,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
+            excess = count + 1 - self.max_records
+            if excess <= 0:
+                return 0
+            rows = self._db.execute("SELECT seq FROM outbox ORDER BY id LIMIT ?", (excess,)).fetchall()
+        return max((int(r[0]) for r in rows if r[0] is not None), default=0)
+
     def dropped_through(self) -> int:
         """The highest sequence number a full outbox ever dropped (0: none)."""
         return self.counter("dropped_through")

@@ -2,7 +2,10 @@
 
 `SimFleet` drives N `SimDevice`s (simulate_device.py), each its own paho client (own connection, client id
 and last will), from one `selectors` loop (`loop_read`/`loop_write`/`loop_misc`, no thread per client), and
-ticks each device's telemetry every interval. What the devices do is set by the scenario
+ticks each device's telemetry every interval. With `resend` (a `ResendPolicy`, spool.py) each device spools its
+reports until the control plane says they are stored and re-sends the gaps, as the agent does; each tick also
+flushes the spool (the agent's flush thread wakes at least once a second: keep `telemetry_interval` at 1 s or less
+for its re-send timing). What the devices do is set by the scenario
 (simulate_scenario.py: `Behavior`, `synthetic_bundle`; simulate_quality.py: quality figures).
 """
 
@@ -29,6 +32,7 @@ from edgefleet.core.topics import Topics
 
 from support.simulate.device import SimDevice, SimSettings, SimStats
 from support.simulate.scenario import Behavior, BundleBehavior, synthetic_bundle
+from support.simulate.spool import ResendPolicy
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ class SimFleet:
         behavior: Behavior | None = None,
         block_window: int = 16,
         connect_per_tick: int = 50,
+        resend: ResendPolicy | None = None,
     ) -> None:
         self.address = BrokerAddress.parse(broker)
         self.settings = SimSettings(
@@ -57,6 +62,7 @@ class SimFleet:
             hardware=Hardware(arch="x86_64", os="linux", cpu_count=4, memory_mb=4096, hostname=socket.gethostname()),
             block_window=block_window,
             raw_prefix="bench/raw/",
+            resend=resend,
         )
         self.telemetry_interval = telemetry_interval
         self.behavior = behavior or Behavior()
@@ -132,6 +138,30 @@ class SimFleet:
     def in_flight(self) -> int:
         return int(self.call(lambda: sum(len(d.pending_acks) for d in self.devices.values())))
 
+    def spooled(self) -> dict[str, int]:
+        """What the devices' spools hold now: reports (`depth`), of them never taken by the broker (`unsent`),
+        telemetry reports (`telemetry`), and reports their spools dropped so far (`dropped`)."""
+
+        def count() -> dict[str, int]:
+            spools = [d.spool for d in self.devices.values() if d.spool is not None]
+            return {
+                "depth": sum(s.depth() for s in spools),
+                "unsent": sum(len(s.unsent()) for s in spools),
+                "telemetry": sum(len(s.spooled("telemetry")) for s in spools),
+                "dropped": sum(s.dropped for s in spools),
+            }
+
+        return dict(self.call(count))
+
+    def spooled_telemetry(self) -> dict[str, list[int]]:
+        """device id → seqs of the telemetry reports still in its spool (not yet acknowledged as stored)."""
+        return dict(self.call(lambda: {d.device_id: d.spool.spooled("telemetry") for d in self.devices.values()
+                                       if d.spool is not None}))  # fmt: skip
+
+    def quiet_down(self) -> None:
+        """No more new reports; the spools keep re-sending until the control plane stored what they hold."""
+        self.call(lambda: setattr(self, "quiet", True))
+
     def acked_telemetry(self) -> dict[str, list[int]]:
         """device id → seqs of the reports the broker acknowledged (what must reach the store)."""
         return dict(self.call(lambda: {d.device_id: list(d.acked_telemetry) for d in self.devices.values()}))
@@ -205,6 +235,8 @@ class SimFleet:
         if self.stopping or device.device_id not in self.devices:
             return
         device.telemetry(self.telemetry_interval)
+        if self.quiet:
+            device.flush()  # no new report to wake the spool: its re-sends go on (the agent's 1 s wake-up)
         self.schedule(time.monotonic() + self.telemetry_interval, functools.partial(self._tick, device))
 
     def _loop(self) -> None:

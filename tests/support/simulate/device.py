@@ -6,6 +6,12 @@ retained desired topics like the agent does: fetch the signed offer, refuse anot
 is not newer (unless the Desired is a rollback), fetch the retained blocks through a window of subscriptions,
 check each block's sha256 against the offer, then report downloaded/installed/committed and the new status.
 
+With a `ResendPolicy` (`SimSettings.resend`), telemetry and events go through a `MemorySpool` (spool.py) as the
+agent's go through its disk spool: each stays until the control plane's retained `StoredUpTo` on the device's
+`stored` topic covers it, what the broker took but the host did not store is sent again after the agent's delay and
+at its rate, and a full spool drops its oldest reports and says so with a `reports-dropped` event. Without one, a
+device fires and forgets (what the broker acknowledged is the device's last word on it).
+
 What is simulated: inference (latency and golden agreement come from `Behavior`, per bundle), the signature
 check (the simulator holds no keys) and the disk (blocks are hashed, not written). Its link counters count the
 block bytes it really received, as the agent's do.
@@ -37,6 +43,7 @@ from edgefleet.core.messages import (
     LatencySummary,
     LinkReport,
     MessageError,
+    StoredUpTo,
     Telemetry,
     decode,
 )
@@ -46,6 +53,7 @@ from edgefleet.core.transfer.chunks import piece_ok, piece_topics, with_pages_re
 
 from support.simulate.quality import ShadowState, quality_fields
 from support.simulate.scenario import Behavior, BundleBehavior
+from support.simulate.spool import MemorySpool, ResendPolicy
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,8 @@ class SimSettings:
     hardware: Hardware
     block_window: int  # block subscriptions in flight per download
     raw_prefix: str  # topics whose bytes are only counted (a raw bandwidth baseline)
+    # spool reports until stored and re-send, as the agent does; None: fire and forget
+    resend: ResendPolicy | None = None
 
 
 class SimHost(Protocol):
@@ -111,9 +121,18 @@ class SimStats:
     raw_bytes: int = 0
     raw_messages: int = 0
     raw_last: float = 0.0
+    resent: int = 0  # reports published again (the broker took them before, the host had not stored them)
+    spool_dropped: int = 0  # reports a full spool dropped
+    drops_announced: int = 0  # `reports-dropped` events
+    stored_acks: int = 0  # `StoredUpTo` messages received
+    stored_delay_ds: dict[int, int] = field(default_factory=dict)  # first send to stored, in 0.1 s steps: count
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in self.__dict__.items()}
+
+    def stored_after(self, seconds: float) -> None:
+        step = int(seconds * 10)
+        self.stored_delay_ds[step] = self.stored_delay_ds.get(step, 0) + 1
 
 
 class SimDevice:
@@ -134,7 +153,8 @@ class SimDevice:
         self.connected = False
         self.dead = False  # killed: sends nothing more, never reconnects
         self.pending_acks: dict[int, tuple[str, int]] = {}
-        self.acked_telemetry: list[int] = []  # seqs of reports the broker acknowledged
+        self.acked_telemetry: list[int] = []  # seqs of reports the broker acknowledged (once each)
+        self.spool = MemorySpool(host.settings.resend) if host.settings.resend else None
         self.client = self._client()
 
     def _client(self) -> paho.Client:
@@ -161,10 +181,15 @@ class SimDevice:
         client.subscribe(self.topics.device_desired(self.device_id), 1)
         for group in self.groups:
             client.subscribe(self.topics.group_desired(group), 1)
+        if self.spool is not None:
+            client.subscribe(self.topics.stored(self.device_id), 1)
+            self.flush()
 
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         self.connected = False
         self.host.stats.disconnects += 1
+        if self.spool is not None:
+            self.spool.disconnected()
         if not self.host.stopping and not self.dead:
             self.host.schedule(time.monotonic() + random.uniform(*RECONNECT_S), self._reconnect)
 
@@ -178,6 +203,9 @@ class SimDevice:
 
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: Any, props: Any) -> None:
         kind, seq = self.pending_acks.pop(mid, ("", 0))
+        first = self.spool.acked(seq, time.monotonic()) if self.spool is not None and seq else True
+        if not first:  # a re-send the broker took again
+            return
         if kind == "telemetry":
             self.host.stats.telemetry_acked += 1
             self.acked_telemetry.append(seq)
@@ -193,6 +221,8 @@ class SimDevice:
                 self._on_offer(payload)
             elif topic.endswith("/desired"):
                 self._on_desired(topic, payload)
+            elif self.spool is not None and topic == self.topics.stored(self.device_id):
+                self._on_stored(payload)
             elif topic.startswith(self.host.settings.raw_prefix):
                 stats = self.host.stats
                 stats.raw_bytes += len(payload)
@@ -233,15 +263,65 @@ class SimDevice:
         self.dead, self.connected = True, False
         return self.client.socket()
 
-    def event(self, kind: EventKind, detail: str, bundle_id: str | None = None, progress: float | None = None) -> None:
+    def event(
+        self, kind: EventKind, detail: str, bundle_id: str | None = None, progress: float | None = None,
+        dropped_through: int | None = None,
+    ) -> None:  # fmt: skip
         self.seq += 1
         message = Event(device_id=self.device_id, kind=kind, seq=self.seq, bundle_id=bundle_id, detail=detail,
-                        progress=progress)  # fmt: skip
+                        progress=progress, dropped_through=dropped_through)  # fmt: skip
         self.host.stats.events_sent += 1
-        self.publish(self.topics.events(self.device_id), message.encode(), "event")
+        if self.spool is not None:
+            self._spool("event", self.topics.events(self.device_id), message.encode())
+        else:
+            self.publish(self.topics.events(self.device_id), message.encode(), "event")
+
+    # --- the spool (with a ResendPolicy): what the agent's Reporter does
+    def _spool(self, kind: str, topic: str, payload: bytes) -> None:
+        assert self.spool is not None
+        dropped = self.spool.put(self.seq, kind, topic, payload)
+        self.host.stats.spool_dropped += len(dropped)
+        self.flush()
+
+    def flush(self) -> None:
+        """Publish what the spool says is due (re-sends first, then what the broker has not taken), as the agent's
+        flush thread does when it wakes; first, after a full spool dropped reports, the `reports-dropped` event."""
+        spool = self.spool
+        if spool is None or not self.connected or self.dead:
+            return
+        through = spool.drops_to_announce()
+        if through is not None:
+            spool.announced(through)
+            self.host.stats.drops_announced += 1
+            detail = (f"the report spool was full ({spool.policy.max_records} records): {spool.dropped} reports "
+                      f"dropped so far; those numbered up to {through} and not stored are lost")  # fmt: skip
+            self.event("reports-dropped", detail, dropped_through=through)  # spooled, and flushed with the rest
+            return
+        resent = spool.resent
+        for record in spool.flush(time.monotonic()):
+            self.publish(record.topic, record.payload, record.kind, seq=record.seq)
+        self.host.stats.resent += spool.resent - resent
+
+    def _on_stored(self, payload: bytes) -> None:
+        assert self.spool is not None
+        if not payload:  # a retained acknowledgement being cleared
+            return
+        try:
+            message = decode(StoredUpTo, payload)
+        except MessageError as err:
+            log.warning("sim %s refused a storage acknowledgement: %s", self.device_id, err)
+            return
+        if message.device_id != self.device_id:
+            return
+        now = time.monotonic()
+        self.host.stats.stored_acks += 1
+        for record in self.spool.stored(message.up_to):
+            if record.kind == "telemetry" and record.first_sent is not None:
+                self.host.stats.stored_after(now - record.first_sent)
+        self.flush()
 
     def telemetry(self, interval: float) -> None:
-        if not self.connected or self.host.quiet:
+        if self.host.quiet or (not self.connected and self.spool is None):  # an agent spools while disconnected
             return
         behavior = self.host.behavior
         bundle = behavior.bundles.get(self.active_bundle or "", BundleBehavior())
@@ -273,7 +353,10 @@ class SimDevice:
             ),
         )  # fmt: skip
         self.host.stats.telemetry_sent += 1
-        self.publish(self.topics.telemetry(self.device_id), report.encode(), "telemetry", seq=self.seq)
+        if self.spool is not None:
+            self._spool("telemetry", self.topics.telemetry(self.device_id), report.encode())
+        else:
+            self.publish(self.topics.telemetry(self.device_id), report.encode(), "telemetry", seq=self.seq)
 
     # --- installing
     def _on_desired(self, topic: str, payload: bytes) -> None:

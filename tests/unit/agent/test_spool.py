@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from edgefleet.agent.install.health import judge_health
+from edgefleet.agent.telemetry.reporter import Reporter
 from edgefleet.agent.telemetry.spool import Record, Spool
+from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.quality.golden import GoldenResult
+from edgefleet.core.topics import Topics
 
 
 def report(text: str) -> Callable[[int], bytes]:
@@ -124,3 +129,28 @@ def test_health_table() -> None:
         "60% of the last 20 requests failed"
         in judge_health(files_ok=True, golden=GOOD, failure_ratio=0.6, requests_seen=20, **common).reason
     )
+
+
+def test_a_full_spool_announces_its_drops_once_and_the_announcement_names_the_report_it_pushes_out(
+    tmp_path: Path,
+) -> None:
+    """The `reports-dropped` event takes a place in the full spool too: it must cover the report it pushes out,
+    or every announcement drops one more report and calls for another (the flush loop turning as fast as it can,
+    the spool filled with announcements in seconds)."""
+    spool = Spool(tmp_path / "s.sqlite", max_records=10)
+    spool.stored(0)  # the host acknowledges storage: reports wait for it
+    for i in range(15):
+        spool.put("edgefleet/v1/devices/d1/telemetry", report(str(i)))
+    assert spool.dropped_through() == 5
+    offline = Connection("mqtt://127.0.0.1:9", "test-announce")  # never started: nothing is published
+    reporter = Reporter(offline, Topics(), "d1", spool)
+    stop = threading.Event()
+    flush = threading.Thread(target=reporter.run_flush, args=(stop,), daemon=True)
+    flush.start()
+    time.sleep(1.5)  # a looping announcer makes hundreds of events in this time
+    stop.set()
+    flush.join(10)
+    events = [json.loads(r.payload) for r in spool.unsent(100) if r.topic.endswith("/events")]
+    assert [e["kind"] for e in events] == ["reports-dropped"]
+    assert events[0]["dropped_through"] == spool.dropped_through() == 6  # it names the report it pushed out
+    assert spool.depth() == 10 and spool.dropped() == 6
