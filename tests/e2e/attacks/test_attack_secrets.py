@@ -38,6 +38,12 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {**clean, "EDGEFLEET_HOME": str(home), "PYTHONPATH": str(REPO)}
 
 
+# A prefix of this test's own: `control serve` stopped by SIGTERM keeps its persistent session in the ingestion
+# share group (a restarted instance picks up where it left off), and on the session's broker a left-over member of the
+# default prefix's group would take its round-robin share of every later test's reports.
+PREFIX = "attack-secrets/v1"
+
+
 def edgefleet(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", LAUNCH, *args], capture_output=True, text=True, timeout=120,
                           env=env)  # fmt: skip
@@ -83,7 +89,7 @@ def test_a_postgres_password_stays_out_of_files_listings_start_lines_and_argv(
     listed = edgefleet(env, "context", "list").stdout + edgefleet(env, "context", "list", "--json").stdout
     bad = edgefleet(env, "control", "status", "--store", with_password.replace(url.rsplit("/", 1)[1], "nowhere"))
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, "control", "serve", "--broker", mosquitto.url,
-                             "--http", "off", "--instance", "secrets"], stdout=subprocess.PIPE,
+                             "--http", "off", "--instance", "secrets", "--prefix", PREFIX], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
     serve.append(proc)
     start_line = _started(proc)
@@ -103,7 +109,7 @@ def test_a_postgres_password_stays_out_of_files_listings_start_lines_and_argv(
     proc.send_signal(signal.SIGTERM)
     proc.wait(30)
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, "control", "serve", "--broker", mosquitto.url,
-                             "--http", "off", "--instance", "secrets2"], stdout=subprocess.PIPE,
+                             "--http", "off", "--instance", "secrets2", "--prefix", PREFIX], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
     serve.append(proc)
     start_line = _started(proc)
