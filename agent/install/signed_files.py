@@ -31,6 +31,7 @@ import posixpath
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+from edgefleet.agent.runtime import backends as runtime_backends
 from edgefleet.agent.runtime.external_data import external_data
 from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.bundle.runtime_config import (
@@ -103,20 +104,30 @@ def check_manifest_paths(manifest: Manifest) -> None:
 
 
 def generative_providers(manifest: Manifest) -> list[str]:
-    """The providers a generative bundle lists, when its profile allows each of them; ConfigRefused naming one it
-    does not. A profile this agent does not know (a profile folder of its own) adds no limit."""
+    """The providers a generative bundle lists, when its profile allows each of them, or a backend plugin this device
+    loaded itself claims it ($EDGEFLEET_BACKENDS: the operator's opt-in, as `--custom-op-libs` is for libraries);
+    ConfigRefused naming one neither allows. A profile this agent does not know (a profile folder of its own) adds no
+    limit."""
     try:
         profile = get_profile(manifest.profile)
     except EdgefleetError:
         return list(manifest.providers)
     allowed = {p for target in profile.generation for p in target.providers}
     for provider in manifest.providers:
-        if provider not in allowed:
+        if provider not in allowed and not _device_plugin_claims(provider):
             raise ConfigRefused(
                 f"provider {provider!r} is not one profile {manifest.profile} allows for language models "
-                f"({', '.join(sorted(allowed)) or 'none'})"
+                f"({', '.join(sorted(allowed)) or 'none'}), nor one a backend plugin of this device claims"
             )
     return list(manifest.providers)
+
+
+def _device_plugin_claims(provider: str) -> bool:
+    """Whether a backend the device's operator loaded as a plugin (not one of the agent's own) claims `provider`."""
+    return any(
+        not type(backend).__module__.startswith("edgefleet.") and backend.claims(provider)
+        for backend in runtime_backends.backends()
+    )
 
 
 def _named_files(manifest: Manifest) -> list[tuple[str, str]]:
