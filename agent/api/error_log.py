@@ -24,16 +24,27 @@ class SampledLog:
 
     def exception(self, kind: str, message: str, *args: object) -> None:
         """Inside an `except` block: count the error; log it with its traceback when this kind's turn has come."""
+        suffix = self._turn(kind)
+        if suffix is not None:
+            self._log.error(message + suffix, *args, exc_info=True)
+
+    def warning(self, kind: str, message: str, *args: object) -> None:
+        """A refused request (the caller's fault, no traceback): counted, and a line when this kind's turn has come."""
+        suffix = self._turn(kind)
+        if suffix is not None:
+            self._log.warning(message + suffix, *args)
+
+    def _turn(self, kind: str) -> str | None:
+        """Count one error of `kind`; the suffix to log it with when its turn has come, else None."""
         now = time.monotonic()
         with self._lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
             if now < self._next.get(kind, 0.0):
                 self._skipped[kind] = self._skipped.get(kind, 0) + 1
-                return
+                return None
             self._next[kind] = now + self._every_s
             skipped = self._skipped.pop(kind, 0)
-        suffix = f" ({skipped} more since the last one, not logged)" if skipped else ""
-        self._log.error(message + suffix, *args, exc_info=True)
+        return f" ({skipped} more since the last one, not logged)" if skipped else ""
 
 
 __all__ = ["EVERY_S", "SampledLog"]

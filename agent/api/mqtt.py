@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from edgefleet.agent.api.error_log import SampledLog
 from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.string_inputs import takes_text, text_from_array
 from edgefleet.agent.quality import FeedbackError, Quality
@@ -58,6 +59,7 @@ class MqttInference:
         self.model, self.stats, self.quality = model, stats, quality
         self._requests: queue.Queue[bytes] = queue.Queue(maxsize=queue_size)
         self.beat = time.monotonic()
+        self.errors = SampledLog(log)  # a flood of bad or failing requests is counted, never a line each
 
     def queue_depth(self) -> int:
         return self._requests.qsize()
@@ -68,13 +70,13 @@ class MqttInference:
             self._requests.put_nowait(payload)
         except queue.Full:
             self.stats.record_error("mqtt:overloaded")
-            log.warning("inference queue full; request dropped")
+            self.errors.warning("overloaded", "inference queue full; request dropped")
 
     def on_feedback(self, topic: str, payload: bytes, retained: bool) -> None:
         try:
             self.quality.feedback(payload)
         except (MessageError, FeedbackError) as err:
-            log.warning("refused feedback on %s: %s", topic, err)
+            self.errors.warning("bad-feedback", "refused feedback on %s: %s", topic, err)
 
     # --- the inference thread
     def run(self, stop: threading.Event) -> None:
@@ -87,20 +89,20 @@ class MqttInference:
             try:
                 self._answer(payload)
             except Exception:  # the worker must outlive any bug in one request
-                log.exception("inference request failed unanswered")
+                self.errors.exception("unanswered", "inference request failed unanswered")
 
     def _answer(self, payload: bytes) -> None:
         try:
             request = decode(InferRequest, payload)
         except MessageError as err:
             self.stats.record_error("mqtt:bad-request")
-            log.warning("refused inference request: %s", err)
+            self.errors.warning("bad-request", "refused inference request: %s", err)
             return
         response = self._infer(request)
         try:
             self.conn.publish(self.topics.infer_response(self.device_id, request.client_id), response.encode(), qos=0)
         except (BrokerError, ValueError) as err:
-            log.warning("cannot answer request %s: %s", request.request_id, err)
+            self.errors.warning("unanswerable", "cannot answer request %s: %s", request.request_id, err)
 
     def _infer(self, request: InferRequest) -> InferResponse:
         model = self.model()
