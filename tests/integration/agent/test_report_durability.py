@@ -19,8 +19,9 @@ from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
 
 from support.fleet import AgentProcess, FleetWatcher
+from support.rollouts.control_plane import wait_until
 from support.servers.brokers import MosquittoBroker
-from support.servers.stored_host import DeviceLedger, StoringHost
+from support.servers.stored_host import StoringHost
 
 QUEUE = 5  # what the broker queues for a subscriber that is away; the rest it drops (after its PUBACK)
 
@@ -31,24 +32,9 @@ def broker() -> Iterator[MosquittoBroker]:
         yield running
 
 
-def _wait(what: str, check, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
 def _agent(device: str, broker: MosquittoBroker, tmp_path: Path, root_pub: Path, *extra: str) -> AgentProcess:
     return AgentProcess(device, tmp_path / device, broker=broker.url, trust=root_pub, telemetry_interval=0.2,
                         extra=("--report-resend-after", "2", *extra)).start()  # fmt: skip
-
-
-def _caught_up(ledger: DeviceLedger, at_least: int) -> bool:
-    """Every number up to the highest heard is stored or announced lost, and that is at least `at_least`."""
-    highest = max((seq for seq, _ in ledger.arrivals), default=0)
-    return highest >= at_least and ledger.contiguous() >= highest
 
 
 @pytest.mark.slow
@@ -62,7 +48,7 @@ def test_reports_the_broker_dropped_for_a_host_that_was_down_are_sent_again_unti
     agent = _agent(device, broker, tmp_path, root_pub)
     try:
         ledger = host.ledger(device)
-        _wait("the host storing and acknowledging reports", lambda: ledger.contiguous() >= 5)
+        wait_until("the host storing and acknowledging reports", lambda: ledger.contiguous() >= 5, timeout=60)
         host.stop()  # down: the broker takes (PUBACKs) every report and keeps 5 of them for the host
         before = max(seq for seq, _ in ledger.arrivals)
         heard = len(watcher.telemetry)
@@ -80,7 +66,7 @@ def test_reports_the_broker_dropped_for_a_host_that_was_down_are_sent_again_unti
             f"the broker dropped reports while the host was down (else this test proves nothing): {while_down}"
         )
         target = max(dropped)
-        _wait("every report stored, none missing", lambda: _caught_up(ledger, target), timeout=90)
+        wait_until("every report stored, none missing", lambda: ledger.caught_up(target), timeout=90)
         assert set(dropped) <= ledger.stored, "what the broker dropped was sent again and stored"
         assert ledger.resent_after_ack(grace_s=2.0) == [], "a report already stored is never sent again"
         assert ledger.lost_through == 0, "nothing was lost: the spool had room"
@@ -101,11 +87,11 @@ def test_a_full_spool_says_which_numbers_it_dropped_so_the_host_count_moves_past
     agent = _agent(device, broker, tmp_path, root_pub, "--spool-max", "10")
     try:
         ledger = host.ledger(device)
-        _wait("the host storing and acknowledging reports", lambda: ledger.contiguous() >= 5)
+        wait_until("the host storing and acknowledging reports", lambda: ledger.contiguous() >= 5, timeout=60)
         host.stop()
         time.sleep(5.0)  # 25 reports at 0.2 s: the spool keeps the newest 10
         host.start()
-        _wait("the host's contiguous count past the dropped numbers", lambda: _caught_up(ledger, 30), timeout=90)
+        wait_until("the host's contiguous count past the dropped numbers", lambda: ledger.caught_up(30), timeout=90)
         assert ledger.lost_through > 0
         dropped = next(e for e in watcher.events if e.device_id == device and e.kind == "reports-dropped")
         assert dropped.dropped_through and dropped.dropped_through <= ledger.lost_through
@@ -113,7 +99,7 @@ def test_a_full_spool_says_which_numbers_it_dropped_so_the_host_count_moves_past
         assert lost, "some numbers were never delivered: the spool dropped them"
         reports = [t for t in watcher.telemetry if t.device_id == device]
         assert reports[-1].spool_dropped > 0
-        _wait("the spool pruned once stored", lambda: [t for t in watcher.telemetry if t.device_id == device
+        wait_until("the spool pruned once stored", lambda: [t for t in watcher.telemetry if t.device_id == device
                                                        and t.spool_depth <= 3], timeout=30)  # fmt: skip
     finally:
         agent.stop()

@@ -16,8 +16,9 @@ import pytest
 
 from edgefleet.core.topics import Topics
 
+from support.rollouts.control_plane import wait_until
 from support.servers.brokers import MosquittoBroker
-from support.servers.stored_host import DeviceLedger, StoringHost
+from support.servers.stored_host import StoringHost
 from support.simulate.agents import SimFleet
 from support.simulate.spool import ResendPolicy
 
@@ -31,20 +32,6 @@ def broker() -> Iterator[MosquittoBroker]:
         yield running
 
 
-def _wait(what: str, check, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def _caught_up(ledger: DeviceLedger, at_least: int) -> bool:
-    highest = max((seq for seq, _ in ledger.arrivals), default=0)
-    return highest >= at_least and ledger.contiguous() >= highest
-
-
 def _outage(broker: MosquittoBroker, policy: ResendPolicy, down_s: float) -> tuple[StoringHost, SimFleet, list[int]]:
     """The host stores for a while, is down `down_s`, comes back; (host, fleet, highest number heard before)."""
     host = StoringHost(broker.url, Topics()).start()
@@ -52,7 +39,9 @@ def _outage(broker: MosquittoBroker, policy: ResendPolicy, down_s: float) -> tup
     assert fleet.wait_connected(30)
     for device in DEVICES:
         ledger = host.ledger(device)
-        _wait("the host storing and acknowledging reports", lambda ledger=ledger: ledger.contiguous() >= 5)
+        wait_until(
+            "the host storing and acknowledging reports", lambda ledger=ledger: ledger.contiguous() >= 5, timeout=60
+        )
     host.stop()  # down: the broker takes (PUBACKs) every report and keeps 5 of them for the host
     before = [max(seq for seq, _ in host.ledger(d).arrivals) for d in DEVICES]
     time.sleep(down_s)
@@ -67,12 +56,16 @@ def test_reports_the_broker_dropped_for_a_host_that_was_down_are_sent_again_unti
     try:
         for device, highest in zip(DEVICES, before, strict=True):
             ledger = host.ledger(device)
-            _wait("every report stored, none missing", lambda ledger=ledger, n=highest: _caught_up(ledger, n + 10))
+            wait_until(
+                "every report stored, none missing",
+                lambda ledger=ledger, n=highest: ledger.caught_up(n + 10),
+                timeout=60,
+            )
             assert ledger.filled_late(), "the broker dropped reports while the host was down (else this proves nothing)"
             assert ledger.resent_after_ack(grace_s=2.0) == [], "a report already stored is never sent again"
             assert ledger.lost_through == 0, "nothing was lost: the spool had room"
         assert fleet.snapshot()["resent"] > 0
-        _wait("the spools pruned once stored", lambda: fleet.spooled()["depth"] <= 4 * len(DEVICES), timeout=30)
+        wait_until("the spools pruned once stored", lambda: fleet.spooled()["depth"] <= 4 * len(DEVICES), timeout=30)
     finally:
         fleet.stop()
         host.stop()
@@ -85,8 +78,8 @@ def test_a_full_spool_says_which_numbers_it_dropped_so_the_host_count_moves_past
     try:
         for device, highest in zip(DEVICES, before, strict=True):
             ledger = host.ledger(device)
-            _wait("the host's contiguous count past the dropped numbers",
-                  lambda ledger=ledger, n=highest: _caught_up(ledger, n + 25), timeout=90)  # fmt: skip
+            wait_until("the host's contiguous count past the dropped numbers",
+                  lambda ledger=ledger, n=highest: ledger.caught_up(n + 25), timeout=90)  # fmt: skip
             assert ledger.lost_through > 0
             assert set(range(1, ledger.lost_through + 1)) - ledger.stored, "the spool dropped numbers never sent"
         stats = fleet.snapshot()

@@ -32,6 +32,11 @@ class DeviceLedger:
             up_to += 1
         return up_to
 
+    def caught_up(self, at_least: int) -> bool:
+        """Every number up to the highest heard is stored or announced lost, and that is at least `at_least`."""
+        highest = max((seq for seq, _ in self.arrivals), default=0)
+        return highest >= at_least and self.contiguous() >= highest
+
     def filled_late(self) -> list[int]:
         """Numbers first heard after a higher one: the gaps a re-send closed."""
         seen: set[int] = set()

@@ -237,9 +237,7 @@ def _against_scaled(observed: Metrics, t: Thresholds, factor: float, z: float, s
     low50, high50 = centre * math.exp(-z * se50), centre * math.exp(z * se50)
     drift = scaled.previous.p50_drift_ms * max(1.0, scaled.build_ms / scaled.previous_build_ms)
     limit = factor * scaled.expected_ms + t.latency_slack_ms + drift
-    extra = "".join(
-        f" + {name} {value:.3f} ms" for name, value in (("slack", t.latency_slack_ms), ("its drift", drift)) if value
-    )
+    extra = _added((("slack", t.latency_slack_ms), ("its drift", drift)))
     head = (
         f"p50 {centre:.3f} ms (p95 {observed.p95_ms:.3f} ms, {samples(observed)} samples) of another model "
         f"against {factor:g} × {scaled.expected_ms:.3f} ms{extra} = {limit:.3f} ms; baseline: {scaled.describe}"
@@ -255,10 +253,13 @@ def _against_scaled(observed: Metrics, t: Thresholds, factor: float, z: float, s
     return Finding(criterion="latency", ok=True, detail=f"{head}: within")
 
 
+def _added(terms: tuple[tuple[str, float], ...]) -> str:
+    """ " + slack 1.000 ms + its drift 0.200 ms": the non-zero terms a limit adds, for a finding's text."""
+    return "".join(f" + {name} {value:.3f} ms" for name, value in terms if value)
+
+
 def _limit(factor: float, base: float | None, t: Thresholds, drift: float, limit: float, what: str = "") -> str:
-    extra = "".join(
-        f" + {name} {value:.3f} ms" for name, value in (("slack", t.latency_slack_ms), ("its drift", drift)) if value
-    )
+    extra = _added((("slack", t.latency_slack_ms), ("its drift", drift)))
     return f"{factor:g} × baseline {what}{base or 0:.3f} ms{extra} = {limit:.3f} ms"
 
 
@@ -290,11 +291,7 @@ def _against_measurement(observed: Metrics, t: Thresholds, factor: float, z: flo
 
 
 def _allowed(factor: float, allowance: float, median: float, t: Thresholds, limit: float) -> str:
-    extra = "".join(
-        f" + {name} {value:.3f} ms"
-        for name, value in (("a quiet device's call", t.quiet_call_ms), ("slack", t.latency_slack_ms))
-        if value
-    )
+    extra = _added((("a quiet device's call", t.quiet_call_ms), ("slack", t.latency_slack_ms)))
     return f"{factor:g} × {allowance:g} × {median:.3f}{extra} = {limit:.3f} ms"
 
 
