@@ -192,6 +192,26 @@ class GoldenHold(Frozen):
         return f"golden agreement the rollout will hold: {figure}{where}"
 
 
+class ResourceNeeds(Frozen):
+    """What one bundle needs of a device, measured by the converter where it built it: the runtime manager admits a
+    desired set of slots against the profile's memory budget with these (issue 33, item 3)."""
+
+    peak_memory_mb: dict[str, float] = Field(
+        description="runtime/provider -> the process memory the loaded model added at its peak (load, warm-up, runs)"
+    )
+    flops_per_run: float | None = Field(default=None, ge=0, description="compute of one run at the golden batch")
+    measured_on: str = Field(default="", description="the machine the figures were measured on")
+
+    def peak_mb(self, runtime: str | None = None) -> float:
+        """The figure for one runtime (its key, or a key starting with it), else the largest: admission over-counts
+        rather than under-counts."""
+        if runtime is not None:
+            for key, value in self.peak_memory_mb.items():
+                if key == runtime or key.startswith(runtime + "/"):
+                    return value
+        return max(self.peak_memory_mb.values(), default=0.0)
+
+
 class CustomOp(Frozen):
     """One operator outside the standard ONNX domains that the model still contains."""
 
@@ -282,7 +302,7 @@ class FarmReport(Frozen):
 
 _OPTIONAL_BLOCKS = (
     "custom_ops", "tensorrt", "web", "drift_reference", "class_labels", "search", "benchmark_only", "farm",
-    "generation", "golden_hold",
+    "generation", "golden_hold", "resources",
 )  # fmt: skip
 
 
@@ -330,6 +350,9 @@ class Manifest(Frozen):
     )
     golden_hold: GoldenHold | None = Field(
         default=None, description="the golden figures the device will report, and the floor the rollout holds them to"
+    )
+    resources: ResourceNeeds | None = Field(
+        default=None, description="measured peak memory per runtime and compute: what the device's budget admits"
     )
 
     @model_serializer(mode="wrap")
