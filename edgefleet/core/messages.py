@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -19,6 +20,7 @@ from pydantic import (
 )
 
 from edgefleet.core.errors import EdgefleetError
+from edgefleet.core.topics import DEFAULT_SLOT, check_slot
 
 SCHEMA_VERSION = 1
 
@@ -95,6 +97,12 @@ def _no_figure(value: object) -> object:
 _REPORT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+# A slot's name (edgefleet/core/topics.py, check_slot): checked wherever a message carries one.
+SlotName = Annotated[str, AfterValidator(check_slot)]
+# How the device's scheduler treats a slot's work: a real-time slot keeps its latency objective, an interactive one
+# (a language model a person talks to) yields between tokens while real-time work waits, batch work runs in what is left.
+SlotClass = Literal["real-time", "interactive", "batch"]
+
 DeviceState = Literal["starting", "idle", "downloading", "installing", "serving", "offline"]
 
 
@@ -119,6 +127,40 @@ class NativeCodeLoad(Message):
     last_ts: float
 
 
+class Placement(Message):
+    """Where a slot runs and why: the provider measured with the other slots loaded, and its share of the cores."""
+
+    model_config = _REPORT
+    provider: str
+    threads: int = Field(ge=0, le=MAX_CORES, description="intra-op threads the slot was given (0: the runtime's)")
+    summary: str = Field(default="", description="why this provider and these threads (the measurements)")
+    not_chosen: dict[str, str] = Field(default_factory=dict, description="provider -> why not")
+
+
+class SlotStatus(Message):
+    """One slot of a device: the model it serves, and what the device knows about it."""
+
+    model_config = _REPORT
+    slot: SlotName
+    state: DeviceState
+    active_bundle: str | None = None
+    active_model: str | None = Field(default=None, description="name@version of the committed model")
+    provider_in_use: str | None = None
+    provider_summary: str | None = Field(default=None, description="why the provider in use was chosen")
+    providers_not_chosen: dict[str, str] = Field(default_factory=dict, description="provider -> why not")
+    verified: bool = Field(default=False, description="the active bundle passed signature and golden checks")
+    last_error: str | None = None
+    slot_class: SlotClass = "interactive"
+    latency_objective_ms: Millis | None = Field(default=None, description="a real-time slot's p95 objective")
+    memory_mb: Annotated[float, Field(ge=0, le=MAX_MB, allow_inf_nan=False)] | None = Field(
+        default=None, description="the memory the slot's model holds, measured on the device"
+    )
+    placement: Placement | None = None
+    refused: str | None = Field(
+        default=None, description="why the slot's desired bundle is not run (over the budget, …); None: not refused"
+    )
+
+
 class DeviceStatus(Message):
     """Retained on `devices/{id}/status`; the last will sets online=false."""
 
@@ -135,13 +177,13 @@ class DeviceStatus(Message):
     groups: list[str] = Field(default_factory=list)
     hardware: Hardware | None = None
     providers: list[str] = Field(default_factory=list, description="execution providers available here")
-    active_bundle: str | None = None
-    active_model: str | None = Field(default=None, description="name@version of the committed model")
-    provider_in_use: str | None = None
-    provider_summary: str | None = Field(default=None, description="why the provider in use was chosen")
-    providers_not_chosen: dict[str, str] = Field(default_factory=dict, description="provider -> why not")
-    verified: bool = Field(default=False, description="the active bundle passed signature and golden checks")
-    last_error: str | None = None
+    slots: list[SlotStatus] = Field(
+        default_factory=list, description="every slot the device runs or was told to run, by name (unique)"
+    )
+    last_error: str | None = Field(default=None, description="the device's own last error (a slot's is on the slot)")
+    memory_free_mb: Annotated[float, Field(ge=0, le=MAX_MB, allow_inf_nan=False)] | None = Field(
+        default=None, description="memory the device measured free for models, after the slots it runs"
+    )
     desired_stale: str | None = Field(
         default=None, description="why the signed desired state is stale (expired, none newer arrived); None: fresh"
     )
@@ -254,6 +296,18 @@ class GenerationStats(Message):
     probe_streams: WindowCount = Field(default=0, description="generations the agent ran on its golden prompts")
 
 
+class SlotTiming(Message):
+    """The scheduler's account of one slot over a window: time waiting for its turn, and time computing (as Triton
+    separates queue and compute time)."""
+
+    model_config = _REPORT
+    queue_ms: LatencySummary | None = None
+    compute_ms: LatencySummary | None = None
+    batches: WindowCount = Field(default=0, description="runs the slot made (a batched run counts once)")
+    batched_requests: WindowCount = Field(default=0, description="requests those runs answered")
+    yields: WindowCount = Field(default=0, description="times this slot's work yielded to a real-time slot")
+
+
 class Telemetry(Message):
     """One telemetry window. Every number is bounded (see MAX_* above): counters are integers in [0, MAX_COUNT],
     a window's counts in [0, MAX_WINDOW_COUNT], latencies in [0, MAX_MS), shares in [0, 1]; nothing is NaN or
@@ -263,6 +317,7 @@ class Telemetry(Message):
     device_id: str
     seq: Count = Field(default=0, description="per-device sequence shared with events; gaps mean loss")
     ts: Timestamp = Field(default_factory=now)
+    slot: SlotName = Field(default=DEFAULT_SLOT, description="the slot these figures are of (one report per slot)")
     bundle_id: str | None
     provider: str | None
     window_s: Annotated[float, Field(ge=0, le=MAX_WINDOW_S, allow_inf_nan=False)]
@@ -297,6 +352,7 @@ class Telemetry(Message):
     probe_requests: WindowCount = Field(default=0, description="requests the agent generated from its golden set")
     link: LinkReport | None = Field(default=None, description="the link's cap and byte counters")
     generation: GenerationStats | None = Field(default=None, description="generative bundles: token figures")
+    scheduling: SlotTiming | None = Field(default=None, description="the scheduler's queue and compute time for the slot")
 
 
 EventKind = Literal[
@@ -322,6 +378,7 @@ class Event(Message):
     kind: EventKind
     seq: Count = 0
     ts: Timestamp = Field(default_factory=now)
+    slot: SlotName | None = Field(default=None, description="the slot the event is about; None: the device's own")
     bundle_id: str | None = None
     detail: str = ""
     progress: Fraction | None = None
@@ -361,8 +418,14 @@ class StoredUpTo(Message):
 
 
 class Desired(Message):
-    """The bundle to run; travels inside a `SignedDesired` on `devices/{id}/desired` or `groups/{g}/desired`."""
+    """The bundle one slot runs; travels inside a `SignedDesired` on `devices/{id}/desired/{slot}` or
+    `groups/{g}/desired/{slot}`. Each slot's document has its own counter, expiry and version floor on the device."""
 
+    slot: SlotName = Field(default=DEFAULT_SLOT, description="the slot: the only one it is valid for (its topic's)")
+    slot_class: SlotClass = Field(default="interactive", description="how the device's scheduler treats the slot")
+    latency_objective_ms: Millis | None = Field(
+        default=None, description="a real-time slot's p95 objective on the device (the neighbour guardrail's bar)"
+    )
     bundle_id: str
     model_name: str
     model_version: str
@@ -383,6 +446,11 @@ class Desired(Message):
     )
     max_bytes_per_s: int | None = Field(
         default=None, ge=1024, description="a byte-rate cap for the device's link (paid links); None: no cap"
+    )
+    remove: bool = Field(
+        default=False,
+        description="a signed decision to stop serving the slot: the device drains it, unloads it and forgets its "
+        "files (bundle fields empty); unlike `clear`, which only withdraws this target's document",
     )
 
 
@@ -478,6 +546,7 @@ class WireTensor(Message):
 class InferRequest(Message):
     request_id: str
     client_id: str = Field(description="the response goes to devices/{id}/infer/response/{client_id}")
+    slot: SlotName | None = Field(default=None, description="the slot to run (None: the device's only slot)")
     inputs: dict[str, WireTensor]
 
 

@@ -11,6 +11,20 @@ HOST_IDENTITY = "edgefleet-host"
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
+# A slot names one model a device runs (`detector`, `asr`, `assistant`): the unit of desired state, install, golden
+# check, rollback, telemetry and rollout (DESIGN.md, "Several models per device"). A device with one model runs it in
+# the default slot; there is no second code path for it.
+DEFAULT_SLOT = "default"
+_SLOT = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+
+
+def check_slot(value: str) -> str:
+    """A slot name is a topic level, a directory on the device and a label: 1-32 lowercase letters, digits or '-'."""
+    if not isinstance(value, str) or not _SLOT.match(value):
+        raise ValueError(f"invalid slot {value!r}: use 1-32 lowercase letters, digits or '-', starting with a letter")
+    return value
+
+
 def check_segment(kind: str, value: str) -> str:
     """Device ids, group names and bundle ids become topic levels: no wildcards, slashes or spaces."""
     if not _SEGMENT.match(value):
@@ -35,7 +49,16 @@ class Topics:
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/events"
 
     # --- host -> device
-    def device_desired(self, device_id: str) -> str:
+    def device_desired(self, device_id: str, slot: str) -> str:
+        """Retained: the signed desired state of one slot of one device (a device override)."""
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/desired/{check_slot(slot)}"
+
+    def device_desired_slots(self, device_id: str) -> str:
+        """Every slot's desired state of one device (the device subscribes to this)."""
+        return f"{self.prefix}/devices/{check_segment('device id', device_id)}/desired/+"
+
+    def legacy_device_desired(self, device_id: str) -> str:
+        """Where a single-model control plane kept a device's desired state; only migration reads or clears it."""
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/desired"
 
     def stored(self, device_id: str) -> str:
@@ -43,8 +66,27 @@ class Topics:
         device keeps every report in its spool until this covers it."""
         return f"{self.prefix}/devices/{check_segment('device id', device_id)}/stored"
 
-    def group_desired(self, group: str) -> str:
+    def group_desired(self, group: str, slot: str) -> str:
+        """Retained: the signed desired state of one slot for every device of a group."""
+        return f"{self.prefix}/groups/{check_segment('group', group)}/desired/{check_slot(slot)}"
+
+    def group_desired_slots(self, group: str) -> str:
+        """Every slot's desired state of one group (devices subscribe to this; broker rights grant it)."""
+        return f"{self.prefix}/groups/{check_segment('group', group)}/desired/+"
+
+    def legacy_group_desired(self, group: str) -> str:
+        """Where a single-model control plane kept a group's desired state; only migration reads or clears it."""
         return f"{self.prefix}/groups/{check_segment('group', group)}/desired"
+
+    def desired_slot_of(self, topic: str) -> str | None:
+        """The slot of a `.../desired/{slot}` topic, or None (the legacy topic, or another topic)."""
+        head, sep, slot = topic.rpartition("/desired/")
+        if not sep or not head.startswith(self.prefix + "/"):
+            return None
+        try:
+            return check_slot(slot)
+        except ValueError:
+            return None
 
     def bundle_offer(self, bundle_id: str) -> str:
         """Retained: the signed manifest plus the transfer descriptor (size, hashes, block layout)."""
