@@ -19,17 +19,19 @@ from edgefleet.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from edgefleet.agent.api.generation.mqtt import MqttGeneration
-    from edgefleet.agent.api.mqtt import MqttInference
+    from edgefleet.agent.api.mqtt import InferenceTarget, MqttInference
 
 _LAZY = {  # imported when first used: not needed to serve (see the module's docstring)
     "MqttGeneration": "edgefleet.agent.api.generation.mqtt",
     "MqttInference": "edgefleet.agent.api.mqtt",
+    "InferenceTarget": "edgefleet.agent.api.mqtt",
 }
 
 __all__ = [
     "GenerationConfig",
     "GenerationParts",
     "InferenceService",
+    "InferenceTarget",
     "MqttGeneration",
     "MqttInference",
     "ServiceConfig",

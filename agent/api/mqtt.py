@@ -1,5 +1,9 @@
 """Inference over MQTT: requests queued by the network thread, answered one by one on the inference thread.
 
+A device serves one model per slot: a request names its slot (`InferRequest.slot`, the slot's name or its model's
+name); a request without one goes to the device's only slot, and with several slots it is refused with the list of
+them (tests/integration/agent/test_slots.py).
+
 A part the supervisor holds (agent/daemon/supervisor.py). A bad request or a runtime failure answers the caller;
 it never stops the worker. String inputs (ONNX `tensor(string)`) travel as fixed-width unicode or UTF-8 bytes
 arrays and are checked like the local API's BYTES tensors before the model sees them.
@@ -13,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,23 +45,34 @@ def _feed(name: str, tensor: WireTensor, spec: TensorSpec | None) -> np.ndarray:
     return text_from_array(name, array, MAX_TEXT_BYTES) if takes_text(spec) else array
 
 
+@dataclass(frozen=True)
+class InferenceTarget:
+    """A slot as MQTT inference needs it: the model it serves now, its request statistics and quality record."""
+
+    slot: str
+    model: LoadedModel | None
+    stats: RequestStats
+    quality: Quality
+
+
 class MqttInference:
-    """Answers `infer/request` messages one at a time on its own thread (`run`), with the model `model()` serves
-    now; feedback messages go to the field-accuracy record. `beat` is when its loop last turned (the supervisor's
-    liveness check)."""
+    """Answers `infer/request` messages one at a time on its own thread (`run`), with the model the request's slot
+    serves now (`route(slot)`, RequestError when there is no such slot or none was named among several); feedback
+    messages go to the field-accuracy record. `stats` counts what is refused before a slot is known. `beat` is when
+    its loop last turned (the supervisor's liveness check)."""
 
     def __init__(
         self,
         conn: Connection,
         topics: Topics,
         device_id: str,
-        model: Callable[[], LoadedModel | None],
+        route: Callable[[str | None], InferenceTarget],
         stats: RequestStats,
-        quality: Quality,
+        feedback: Callable[[bytes], bool],
         queue_size: int = 256,
     ) -> None:
         self.conn, self.topics, self.device_id = conn, topics, device_id
-        self.model, self.stats, self.quality = model, stats, quality
+        self.route, self.stats, self.feedback = route, stats, feedback
         self._requests: queue.Queue[bytes] = queue.Queue(maxsize=queue_size)
         self.beat = time.monotonic()
         self.errors = SampledLog(log)  # a flood of bad or failing requests is counted, never a line each
@@ -74,7 +90,7 @@ class MqttInference:
 
     def on_feedback(self, topic: str, payload: bytes, retained: bool) -> None:
         try:
-            self.quality.feedback(payload)
+            self.feedback(payload)
         except (MessageError, FeedbackError) as err:
             self.errors.warning("bad-feedback", "refused feedback on %s: %s", topic, err)
 
@@ -105,10 +121,17 @@ class MqttInference:
             self.errors.warning("unanswerable", "cannot answer request %s: %s", request.request_id, err)
 
     def _infer(self, request: InferRequest) -> InferResponse:
-        model = self.model()
-        if model is None:
+        try:
+            target = self.route(request.slot)
+        except RequestError as err:
             self.stats.record_error("mqtt:no-model")
-            return InferResponse(request_id=request.request_id, ok=False, error="no model installed")
+            return InferResponse(request_id=request.request_id, ok=False, error=err.message)
+        model, stats = target.model, target.stats
+        if model is None:
+            stats.record_error("mqtt:no-model")
+            return InferResponse(
+                request_id=request.request_id, ok=False, error=f"no model installed in slot {target.slot!r}"
+            )
         try:
             specs = {spec.name: spec for spec in model.manifest.inputs}
             feeds = {name: _feed(name, tensor, specs.get(name)) for name, tensor in request.inputs.items()}
@@ -116,15 +139,15 @@ class MqttInference:
             outputs = model.run(feeds)
             latency = (time.perf_counter() - start) * 1000
         except (MessageError, DataError, RequestError) as err:  # the caller's input: never the model's failure
-            self.stats.record_error("mqtt:bad-input")
+            stats.record_error("mqtt:bad-input")
             return InferResponse(request_id=request.request_id, ok=False, error=str(err), bundle_id=model.bundle_id)
         except Exception as err:  # a runtime failure answers the caller instead of killing the worker
-            self.stats.record_failure()
+            stats.record_failure()
             return InferResponse(
                 request_id=request.request_id, ok=False, error=f"inference failed: {err}", bundle_id=model.bundle_id
             )
-        self.stats.record(latency)
-        self.quality.served_mqtt(model, request, feeds, outputs)
+        stats.record(latency)
+        target.quality.served_mqtt(model, request, feeds, outputs)
         return InferResponse(
             request_id=request.request_id,
             ok=True,
@@ -135,4 +158,4 @@ class MqttInference:
         )
 
 
-__all__ = ["MqttInference"]
+__all__ = ["InferenceTarget", "MqttInference"]

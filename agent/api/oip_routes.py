@@ -3,12 +3,15 @@
     GET  /v2                                         server metadata (name, version, extensions)
     GET  /v2/health/live, /v2/health/ready           {"live": true} / {"ready": true} (503 when no model)
     GET  /v2/models/{name}[/versions/{v}]            model metadata: versions, platform, inputs, outputs
+                                                     (`name`: a slot's model name, or the slot's own name)
     GET  /v2/models/{name}[/versions/{v}]/ready      200 {"name", "ready": true}, 404 when not served
     POST /v2/models/{name}[/versions/{v}]/infer      JSON tensors, or binary tensor data after a JSON header
                                                      (Inference-Header-Content-Length); outputs as JSON or
                                                      binary (per output `binary_data`, or `binary_data_output`)
     POST /v2/models/{name}[/versions/{v}]/feedback   {"id" (the request's OIP id) or "request_id", "label"}
-    POST /v2/repository/index                        [{"name", "version", "state": "READY", "reason"}]
+    POST /v2/repository/index                        [{"name", "version", "state", "reason", "slot"}]: every
+                                                     slot's model, READY when it serves, else LOADING or
+                                                     UNAVAILABLE with the reason (a refusal: over the memory budget)
     POST /v2/models/{name}[/versions/{v}]/generate, /generate_stream   Triton's generate extension (generative
                                                      models; agent/api/generation/triton_api.py)
 
@@ -88,7 +91,7 @@ class RoutesV2:
         raise RequestError(404, "not-found", f"no such endpoint {head.method} {path}")
 
     def _model(self, name: str, version: str | None) -> ServedModel:
-        model = self.service.models().get(name)
+        model = self.service.lookup(name)
         if model is None:
             served = ", ".join(sorted(self.service.models())) or "none"
             raise RequestError(404, "not-found", f"no model named {name!r} is served here (serving: {served})")
@@ -102,10 +105,14 @@ class RoutesV2:
         return self.answers.error(RequestError(503, "overloaded", "no model is installed yet"), oip=True)
 
     def _index(self) -> Response:
+        service = self.service
         index = [
-            {"name": name, "version": model.manifest.model_version, "state": "READY", "reason": ""}
-            for name, model in sorted(self.service.models().items())
-        ]
+            {"name": name, "version": model.manifest.model_version, "state": "READY", "reason": "",
+             "slot": service.slot_of(name)}
+            for name, model in sorted(service.models().items())
+        ]  # fmt: skip
+        for slot, name, state, reason in service.repository():
+            index.append({"name": name or slot, "version": "", "state": state, "reason": reason, "slot": slot})
         return self.answers.json(index)
 
     def _infer(self, ticket: Admitted, head: Head, body: bytes) -> Response:

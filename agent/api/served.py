@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,6 +58,13 @@ class Serving(Protocol):
     def admit(self, name: str, version: str | None = None) -> Admitted: ...
 
     def models(self) -> dict[str, ServedModel]: ...
+
+    def lookup(self, name: str) -> ServedModel | None: ...
+
+    def slot_of(self, model_name: str) -> str: ...
+
+    @property
+    def repository(self) -> Callable[[], list[tuple[str, str | None, str, str]]]: ...
 
     def describe(self, model: ServedModel) -> dict[str, Any]: ...
 

@@ -13,8 +13,10 @@ Accounting: every answer but 200 is counted by kind. Refusals (bad input, unknow
 are the caller's fault: they never reach the model's health. Only a failure of the model's own run on
 input that passed every check is a model failure: it calls `on_failure`, which health and telemetry read.
 
-`swap(model)` replaces a model atomically: requests already holding the old model finish on it;
-`wait_idle(old)` says when the old one is no longer used. Nothing is unpickled.
+`swap(model, slot=...)` replaces a slot's model atomically: requests already holding the old model finish on it;
+`wait_idle(old)` says when the old one is no longer used. A device serves one model per slot (several at once); a
+model is addressed by its model name, or by its slot's name (`lookup`). `repository` (set by the daemon) adds what
+the repository index says of slots not serving (installing, refused, with the reason). Nothing is unpickled.
 
 Generative models are served by the generation endpoints (agent/api/generation/), bounded by their own gate
 (`GenerationParts`, shared with MQTT): each admitted generation holds a worker while it runs or waits, so the pool
@@ -109,12 +111,17 @@ class InferenceService:
         on_answer: Callable[[float], None] | None = None,
         on_failure: Callable[[], None] | None = None,
         generation: GenerationParts | None = None,
+        on_model_answer: Callable[[str, float], None] | None = None,
+        on_model_failure: Callable[[str], None] | None = None,
     ) -> None:
-        """`on_answer(latency_ms)` / `on_failure()`: a request answered / the model's own run failed. `generation`:
-        the limits, gate and accounting of generations (the daemon's, shared with MQTT; else the service's own)."""
+        """`on_answer(latency_ms)` / `on_failure()`: a request answered / the model's own run failed (and the same
+        with the model's name first: `on_model_answer`, `on_model_failure`, the daemon's per-slot accounting).
+        `generation`: the limits, gate and accounting of generations (the daemon's, shared with MQTT; else the
+        service's own)."""
         self.config = config or ServiceConfig()
         self._generation = generation or GenerationParts.standalone()
         self._on_answer, self._on_failure = on_answer, on_failure
+        self._on_model_answer, self._on_model_failure = on_model_answer, on_model_failure
         if self.config.unix_socket is None and not _is_loopback(self.config.host) and not self.config.api_token:
             raise ValueError(
                 f"the inference API binds {self.config.host} (beyond loopback) only with a token (--api-token-file)"
@@ -124,7 +131,10 @@ class InferenceService:
         self.metrics = metrics or ServiceMetrics()
         self._page: MetricsPage | None = None
         self._models: dict[str, ServedModel] = {m.manifest.model_name: m for m in models}
+        self._slots_of: dict[str, str] = {}  # slot -> the model name it serves
         self._models_lock = threading.Lock()
+        # (slot, model name or None, state, reason) of the device's slots that serve nothing now (the daemon's)
+        self.repository: Callable[[], list[tuple[str, str | None, str, str]]] = lambda: []
         self._slots = threading.BoundedSemaphore(self.config.concurrency)
         self._count_lock = threading.Condition()
         self._pending = 0  # admitted: waiting or running
@@ -137,6 +147,7 @@ class InferenceService:
         self.metrics.in_flight = lambda: self._running
         self.metrics.open_connections = lambda: self._server.open_connections() if self._server else 0
         self.metrics.models = lambda: [(n, m.bundle_id, m.provider) for n, m in sorted(self._models.items())]
+        self.metrics.slot_of = self.slot_of
         self.metrics.field_accuracy = lambda: [
             (n, score.accuracy, score.samples)
             for n in sorted(self._models)
@@ -158,24 +169,44 @@ class InferenceService:
     def models(self) -> dict[str, ServedModel]:
         return dict(self._models)
 
-    def swap(self, model: ServedModel, replaces: str | None = None) -> ServedModel | None:
-        """Serve `model` under its name from now on (and stop serving `replaces`); returns the model it replaced."""
+    def lookup(self, name: str) -> ServedModel | None:
+        """The model served under `name`: a model name, or a slot's name."""
+        models = self._models
+        found = models.get(name)
+        if found is None and name in self._slots_of:
+            found = models.get(self._slots_of[name])
+        return found
+
+    def slot_of(self, model_name: str) -> str:
+        """The slot `model_name` is served in ("default" when none says)."""
+        return next((s for s, n in self._slots_of.items() if n == model_name), "default")
+
+    def swap(self, model: ServedModel, replaces: str | None = None, slot: str | None = None) -> ServedModel | None:
+        """Serve `model` under its name from now on (in `slot`, replacing what that slot served, or `replaces`);
+        returns the model it replaced."""
         name = model.manifest.model_name
         with self._models_lock:
             models = dict(self._models)
             old = models.get(name)
+            if slot is not None and slot in self._slots_of:
+                replaces = replaces or self._slots_of[slot]
             if replaces and replaces != name:
                 old = models.pop(replaces, None) or old
             models[name] = model
+            if slot is not None:
+                self._slots_of = {**self._slots_of, slot: name}
             self._models = models  # one reference assignment: readers see the old dict or the new one
         self.metrics.swaps.inc(name)
         log.info("serving %s from bundle %s on %s", name, model.bundle_id, model.provider)
         return old
 
     def remove(self, name: str) -> ServedModel | None:
+        """Stop serving the model `name` (a model or a slot name); returns it."""
         with self._models_lock:
             models = dict(self._models)
+            name = self._slots_of.get(name, name)
             old = models.pop(name, None)
+            self._slots_of = {s: n for s, n in self._slots_of.items() if n != name}
             self._models = models
         return old
 
@@ -247,8 +278,9 @@ class InferenceService:
 
     # --- admission and the model run
     def admit(self, name: str, version: str | None = None) -> Ticket:
-        """Take a place for a request to `name` before its body is read; 404 or 503 when there is none."""
-        model = self._models.get(name)
+        """Take a place for a request to `name` (a model or slot name) before its body is read; 404 or 503 when
+        there is none."""
+        model = self.lookup(name)
         if model is None:
             served = ", ".join(sorted(self._models)) or "none"
             raise RequestError(404, "not-found", f"no model named {name!r} is served here (serving: {served})")
@@ -303,6 +335,8 @@ class InferenceService:
             self.metrics.failure(model.manifest.model_name)
             if self._on_failure is not None:
                 self._on_failure()
+            if self._on_model_failure is not None:
+                self._on_model_failure(model.manifest.model_name)
             raise RequestError(500, "runtime", f"inference failed: {type(err).__name__}: {err}") from err
         finally:
             with self._count_lock:
@@ -312,6 +346,8 @@ class InferenceService:
         self.metrics.observe(model.manifest.model_name, model.bundle_id, model.provider, latency_ms)
         if self._on_answer is not None:
             self._on_answer(latency_ms)
+        if self._on_model_answer is not None:
+            self._on_model_answer(model.manifest.model_name, latency_ms)
         return outputs, latency_ms
 
     def remember(

@@ -39,6 +39,9 @@ class AgentConfig(BaseModel):
         default=None, ge=1024, description="byte-rate cap of the device's link; signed desired state may lower it"
     )
     keep_previous: int = Field(default=2, ge=0)
+    memory_budget_mb: float | None = Field(
+        default=None, gt=0, description="the memory the device's models may use (None: the profile's budget)"
+    )
     offer_timeout_s: float = Field(default=30.0, gt=0)
     retry_delay_s: float = Field(default=10.0, gt=0)
     min_free_bytes: int = Field(default=16 * 2**20, ge=0, description="disk kept free beyond a download")

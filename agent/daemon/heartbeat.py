@@ -1,5 +1,7 @@
-"""Every telemetry interval: the freeze check (an expired desired document, reported once per change) and the
-telemetry message, gathered from every part that measures something.
+"""Every telemetry interval: the freeze check (an expired desired document, reported once per change) and one
+telemetry message per slot (`Telemetry.slot`), gathered from every part that measures something. A slot's figures
+(requests, latency, golden, drift, shadow, probes) are its own; the device-wide ones (CPU, memory, spool, link) are
+the process's and repeat in each. Requests refused before a slot was known count in the first slot's report.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ import threading
 from collections.abc import Callable
 
 from edgefleet.agent.api import InferenceService, MqttInference
-from edgefleet.agent.install import DesiredState, ServingState
-from edgefleet.agent.quality import Quality
+from edgefleet.agent.daemon.slots import SlotParts, Slots
+from edgefleet.agent.install import DesiredState, DeviceServing
 from edgefleet.agent.telemetry import Reporter, RequestStats, ResourceSampler, SpoolFigures
 from edgefleet.agent.transfer import LinkPacer
 from edgefleet.core.messages import Telemetry
@@ -24,17 +26,20 @@ class Heartbeat:
         *,
         interval_s: float,
         reporter: Reporter,
-        serving: ServingState,
+        serving: DeviceServing,
+        slots: Slots,
         desired: DesiredState,
-        stats: RequestStats,
+        refusals: RequestStats,
+        generations: RequestStats,
         resources: ResourceSampler,
-        quality: Quality,
         link: LinkPacer,
         mqtt: MqttInference,
         service: Callable[[], InferenceService | None],
     ) -> None:
-        self.interval_s, self.reporter, self.serving, self.desired = interval_s, reporter, serving, desired
-        self.stats, self.resources, self.quality, self.link = stats, resources, quality, link
+        self.interval_s, self.reporter, self.serving, self.slots, self.desired = (
+            interval_s, reporter, serving, slots, desired
+        )  # fmt: skip
+        self.refusals, self.generations, self.resources, self.link = refusals, generations, resources, link
         self.mqtt, self.service = mqtt, service
         self._stale: str | None = None
 
@@ -42,13 +47,21 @@ class Heartbeat:
         while not stop.wait(self.interval_s):
             try:
                 self.check_stale()
-                self.reporter.telemetry(self.telemetry)
+                self.report()
             except Exception:  # telemetry must never take the agent down
                 log.exception("telemetry failed")
 
+    def report(self) -> None:
+        """One telemetry message per slot; a device with no slot yet sends one for the default slot."""
+        slots = [p for _, p in sorted(self.slots.all().items())] or [None]
+        cpu, first = self.resources.cpu_percent(), True
+        for parts in slots:
+            self.reporter.telemetry(lambda spool, p=parts, f=first: self.telemetry(spool, p, cpu, first=f))
+            first = False
+
     def check_stale(self) -> None:
-        """Freeze detection: report (once per change) when the desired document in force expired."""
-        stale = self.desired.stale()
+        """Freeze detection: report (once per change) when a slot's desired document in force expired."""
+        stale = self.desired.stale_any()
         if stale != self._stale:
             self._stale = stale
             if stale:
@@ -56,16 +69,22 @@ class Heartbeat:
                 self.reporter.event("desired-stale", stale)
             self.serving.publish_status()
 
-    def telemetry(self, spool: SpoolFigures) -> Telemetry:
-        latency, requests, errors, window_s = self.stats.snapshot()
-        model, service = self.serving.model, self.service()
-        golden = model.last_golden if model else None
+    def telemetry(
+        self, spool: SpoolFigures, parts: SlotParts | None, cpu: float | None = None, *, first: bool = True
+    ) -> Telemetry:
+        model = parts.serving.model if parts is not None else None
         generative = model is not None and model.generative is not None
-        cpu = self.resources.cpu_percent()
+        stats = self.generations if generative or parts is None else parts.stats
+        latency, requests, errors, window_s = stats.snapshot()
+        service = self.service()
+        golden = model.last_golden if model else None
+        cpu = self.resources.cpu_percent() if cpu is None else cpu
         streaming = generative and model is not None and bool(model.generative.active)  # type: ignore[union-attr]
         idle = requests == 0 and errors == 0 and not streaming  # no client request in the window
+        quality = parts.quality.telemetry_fields(model) if parts is not None else {}
         return Telemetry(
             device_id=self.serving.identity.device_id,
+            slot=parts.name if parts is not None else "default",
             bundle_id=model.bundle_id if model else None,
             provider=model.provider if model else None,
             window_s=round(window_s, 3),
@@ -80,19 +99,26 @@ class Heartbeat:
             rss_mb=self.resources.rss_mb(),
             temperature_c=self.resources.temperature_c(),
             queue_depth=self.mqtt.queue_depth() + (service.metrics.queue_depth() if service else 0),
-            errors_by_kind=self._errors_by_kind(service),
+            errors_by_kind=self._errors_by_kind(service, stats, first=first),
             spool_depth=spool.depth,
             spool_dropped=spool.dropped,
             seq=spool.seq,
             link=self.link.report(),
-            generation=self.stats.generation.snapshot() if generative or self.stats.generation.seen else None,
-            **self.quality.telemetry_fields(model),
+            generation=self.generations.generation.snapshot() if generative else None,
+            **quality,  # type: ignore[arg-type]
         )
 
-    def _errors_by_kind(self, service: InferenceService | None) -> dict[str, int]:
-        """The local API's refusals and failures by kind, and MQTT inference's refusals ("mqtt:" kinds)."""
-        found = {k[0]: int(v) for k, v in service.metrics.errors.items()} if service else {}
-        return found | self.stats.refused_by_kind()
+    def _errors_by_kind(self, service: InferenceService | None, stats: RequestStats, *, first: bool) -> dict[str, int]:
+        """The local API's refusals and failures by kind, and MQTT inference's refusals ("mqtt:" kinds); the
+        device-wide ones (the local API's, refusals before a slot was known) in the first slot's report only."""
+        found = stats.refused_by_kind()
+        if first:
+            found = {k[0]: int(v) for k, v in service.metrics.errors.items()} if service else {}
+            for kind, n in {**self.refusals.refused_by_kind()}.items():
+                found[kind] = found.get(kind, 0) + n
+            for kind, n in stats.refused_by_kind().items():
+                found[kind] = found.get(kind, 0) + n
+        return found
 
 
 __all__ = ["Heartbeat"]

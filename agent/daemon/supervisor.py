@@ -4,17 +4,20 @@ paho's network thread only decodes and enqueues; installs and inference run on t
 download never blocks inference and a bad message never reaches the runtime unchecked. The parts, each with its
 dependencies given here and nothing shared behind them:
 
-    Installer       the install worker: signed desired state, installs, commits, rollbacks (agent/install/)
-    HealthMonitor   re-checks the served bundle; an unhealthy verdict is a command to the installer
-    MqttInference   inference over MQTT (agent/api/mqtt.py); InferenceService is the local HTTP API
+    Slots           one model per slot (agent/daemon/slots.py), each with its own install worker (signed desired
+                    state, installs, commits, rollbacks, removal: agent/install/), health monitor, request
+                    statistics and quality; one MemoryBudget admits their models (agent/install/admission.py)
+    MqttInference   inference over MQTT by slot (agent/api/mqtt.py); InferenceService is the local HTTP API
     MqttGeneration  generation over MQTT, on workers of its own; it shares `GenerationParts` (one gate bounding
                     generations device-wide, one accounting) with the local API
     Reporter        status, events and telemetry through the disk spool (agent/telemetry/)
     Heartbeat       the freeze check and the telemetry message on a timer (agent/daemon/heartbeat.py)
 
-What the device serves and its state live in one `ServingState`, changed only on the installer's thread; the hot
-swap it triggers is `_swapped` here: the new model serves at once, and the old one is closed once its requests are
-done; a generative model's streams in flight get `generation.drain_s` to finish before they are cut.
+What each slot serves and its state live in its `SlotServing` (agent/install/serving.py), changed only on that slot's
+install thread; the device's status (`DeviceServing`) lists every slot. The hot swap a slot triggers is `_swapped`
+here: the new model serves at once in that slot (other slots untouched), and the old one is closed once its
+requests are done; a generative model's streams in flight get `generation.drain_s` to finish before they are cut.
+A state directory written by a single-model agent is migrated first (its bundle runs in slot "default").
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import logging
 import threading
 import time
+from pathlib import Path
 
 from edgefleet import __version__
 from edgefleet.agent.api import (
@@ -36,23 +40,25 @@ from edgefleet.agent.api import (
 from edgefleet.agent.daemon import watchdog
 from edgefleet.agent.daemon.config import AgentConfig
 from edgefleet.agent.daemon.heartbeat import Heartbeat
+from edgefleet.agent.daemon.slots import Slots, SlotSettings
 from edgefleet.agent.install import (
+    DesiredRefused,
     DesiredState,
+    DeviceServing,
     DeviceTrust,
-    HealthMonitor,
     HealthPolicy,
     Identity,
     InstallContext,
-    Installer,
-    Reconcile,
-    ServingState,
-    Stop,
+    MemoryBudget,
     Store,
+    migrate_single_model,
 )
-from edgefleet.agent.quality import Quality
+from edgefleet.agent.install.installer import fetch_candidate
+from edgefleet.agent.quality import FieldAccuracy
 from edgefleet.agent.runtime import BenchmarkService, LoadedModel, RuntimeOptions
 from edgefleet.agent.telemetry import Reporter, RequestStats, ResourceSampler, Spool
 from edgefleet.agent.transfer import LinkPacer
+from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import BrokerError
 from edgefleet.core.messages import DeviceStatus
 from edgefleet.core.mqtt.connection import Connection, Will
@@ -73,7 +79,7 @@ class Agent:
         # The most specific profile names this device; it also runs bundles for the profiles it refines.
         profiles = device_profiles(config.profile)
         profile = profiles[0]
-        self.stats = RequestStats()
+        self.stats = RequestStats()  # the generations' (every path's; telemetry puts them in the generative slot's)
         self.link = LinkPacer(config.max_bytes_per_s)  # the cap; reports before bundle chunks
         self.service: InferenceService | None = None
         self._stop = threading.Event()
@@ -90,6 +96,7 @@ class Agent:
             on_connected=self._on_connected,
             observer=self.link,
         )
+        migrate_single_model(config.state_dir)  # before any Store: a single-model layout becomes slot "default"'s
         store = Store(config.state_dir, keep_previous=config.keep_previous)
         trust = DeviceTrust(TrustedKeys.load(config.trusted_paths), store, config.keyset)
         self.desired = DesiredState(cid, config.groups, trust, store)
@@ -98,30 +105,37 @@ class Agent:
             resend_after_s=config.report_resend_after_s, resend_per_s=config.report_resend_per_s,
         )  # fmt: skip
         identity = Identity(cid, profile.name, tuple(p.name for p in profiles), tuple(config.groups))
-        self.serving = ServingState(identity, self.reporter, self.desired, self._swapped, watchdog.status)
-        self.quality = Quality(config.quality, self.stats, lambda: self.serving.model)  # drift, shadow, probes
+        budget_mb = config.memory_budget_mb or profile.memory_budget_mb
+        self.budget = MemoryBudget(budget_mb)
+        self.serving = DeviceServing(
+            identity, self.reporter, self.desired, watchdog.status, lambda: round(self.budget.free_mb(), 1)
+        )
+        self.field = FieldAccuracy()  # one field-accuracy record for every slot and path (keyed by model name)
         self.install_context = InstallContext(
             self.conn, self.topics, store, trust, profile.name,
             RuntimeOptions(config.threads, config.state_dir / "cache", config.selection),
             config.block_window, config.offer_timeout_s, config.min_free_bytes, int(profile.size_limit_mb * 1e6),
             identity.accepts_profiles, self.link,
         )  # fmt: skip
-        self.installer = Installer(
-            context=self.install_context, desired=self.desired, serving=self.serving, reporter=self.reporter,
-            quality=self.quality, link=self.link, retry_delay_s=config.retry_delay_s,
-            rollback_on_failure=config.rollback_on_failure,
+        self.slots = Slots(
+            settings=SlotSettings(
+                threads=config.threads, quality=config.quality, retry_delay_s=config.retry_delay_s,
+                rollback_on_failure=config.rollback_on_failure,
+                health=HealthPolicy(config.health_interval_s, config.max_failure_ratio, config.failure_window),
+            ),
+            context=self.install_context, desired=self.desired, device=self.serving, reporter=self.reporter,
+            link=self.link, budget=self.budget, field=self.field, on_swap=self._swapped,
         )  # fmt: skip
-        self.health = HealthMonitor(
-            self.serving, self.stats, self.reporter, self.installer.put,
-            HealthPolicy(config.health_interval_s, config.max_failure_ratio, config.failure_window),
+        self.refusals = RequestStats()  # MQTT requests refused before a slot is known
+        self.mqtt = MqttInference(
+            self.conn, self.topics, cid, self.slots.route, self.refusals, self._feedback,
         )  # fmt: skip
-        self.mqtt = MqttInference(self.conn, self.topics, cid, lambda: self.serving.model, self.stats, self.quality)
         self.metrics = ServiceMetrics()  # the local API's, and the model failures of generations over MQTT
         self.generation = GenerationParts.build(config.generation, self.stats, self.metrics)
-        self.mqtt_generation = MqttGeneration(self.conn, self.topics, cid, lambda: self.serving.model, self.generation)
+        self.mqtt_generation = MqttGeneration(self.conn, self.topics, cid, self._served, self.generation)
         self.heartbeat = Heartbeat(
-            interval_s=config.telemetry_interval_s, reporter=self.reporter, serving=self.serving,
-            desired=self.desired, stats=self.stats, resources=ResourceSampler(), quality=self.quality,
+            interval_s=config.telemetry_interval_s, reporter=self.reporter, serving=self.serving, slots=self.slots,
+            desired=self.desired, refusals=self.refusals, generations=self.stats, resources=ResourceSampler(),
             link=self.link, mqtt=self.mqtt, service=lambda: self.service,
         )  # fmt: skip
 
@@ -132,33 +146,31 @@ class Agent:
         removed = store.clean_incomplete()
         if removed:
             log.info("removed incomplete installs left by a crash: %s", ", ".join(removed))
-        self.installer.restore()
+        self.slots.restore()
         if self.config.http is not None:
             self._start_service(self.config.http)
-        cid, installer = self.config.device_id, self.installer
-        self.conn.subscribe(self.topics.device_desired(cid), lambda t, p, r: installer.on_desired(t, p, None))
+        cid = self.config.device_id
+        self.conn.subscribe(self.topics.device_desired_slots(cid), lambda t, p, r: self._on_desired(t, p, None))
         for group in self.config.groups:
-            self.conn.subscribe(self.topics.group_desired(group), self._on_group_desired)
+            self.conn.subscribe(self.topics.group_desired_slots(group), self._on_group_desired)
         self.conn.subscribe(self.topics.infer_request(cid), self.mqtt.on_request, qos=0)
         self.conn.subscribe(self.topics.infer_feedback(cid), self.mqtt.on_feedback, qos=0)
         self.conn.subscribe(self.topics.generate_request(cid), self.mqtt_generation.on_request)
         self.conn.subscribe(self.topics.stored(cid), self.reporter.on_stored)  # the control plane stored up to
         benchmark = BenchmarkService(
             self.conn, self.topics, cid, list(self.serving.identity.accepts_profiles), self.config.threads,
-            self.config.selection, installer.fetch_candidate, self.config.state_dir / "benchmark",
+            self.config.selection, self._fetch_candidate, self.config.state_dir / "benchmark",
             self.config.benchmark_max_cpu_share,
         ).start()  # fmt: skip
         self.conn.start(wait=None)
+        self.slots.start(self._stop)
         threads = [
-            threading.Thread(target=installer.run, name="install", daemon=True),
             threading.Thread(target=self.mqtt.run, args=(self._stop,), name="inference", daemon=True),
             threading.Thread(target=self.heartbeat.run, args=(self._stop,), name="telemetry", daemon=True),
             threading.Thread(target=self.reporter.run_flush, args=(self._stop,), name="spool-flush", daemon=True),
-            threading.Thread(target=self.health.run, args=(self._stop,), name="health", daemon=True),
         ]
         for thread in threads:
             thread.start()
-        self.quality.start()
         self.mqtt_generation.start()
         # Ready once serving locally: waiting for the broker would turn a broker outage into a restart loop.
         watchdog.ready(self.serving.state)
@@ -166,7 +178,7 @@ class Agent:
         watchdog.stopping()
         benchmark.stop()
         self.mqtt_generation.stop()
-        self.quality.stop()
+        self.slots.stop()
         if self.service is not None:
             self.service.stop()
         if self.conn.connected:
@@ -178,18 +190,22 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
         self.reporter.wake()
-        self.installer.put(Stop())
+        self.slots.stop()
 
     def _start_service(self, config: ServiceConfig) -> None:
         """The local API is a convenience: if its port is taken the agent still installs and serves over MQTT."""
-        model = self.serving.model
         try:
             self.service = InferenceService(
-                [model] if model else [], config, metrics=self.metrics, on_answer=self.stats.record,
-                on_failure=self.stats.record_failure, generation=self.generation,
-            ).start()  # fmt: skip
-            self.service.field = self.quality.field  # one field-accuracy record (and quality observers) for every path
+                (), config, metrics=self.metrics, generation=self.generation, on_model_answer=self._answered,
+                on_model_failure=self._failed,
+            )  # fmt: skip
+            for name, model in sorted(self.serving.models().items()):
+                self.service.swap(model, slot=name)
+            self.service.repository = self.slots.repository
+            self.service.field = self.field  # one field-accuracy record (and every slot's observers) for every path
+            self.service.start()
         except OSError as err:
+            self.service = None
             self.serving.set_error(f"local inference API not started: {err}", publish=False)
             log.error("%s", self.serving.last_error)
             return
@@ -199,31 +215,81 @@ class Agent:
         """Until stopped: ping systemd's watchdog while every worker is alive and inference keeps turning."""
         limit = watchdog.watchdog_interval()
         while not self._stop.wait(limit / 2 if limit else 5.0):
-            dead = [t.name for t in threads if not t.is_alive()]
+            dead = [t.name for t in [*threads, *self.slots.threads()] if not t.is_alive()]
             stuck = time.monotonic() - self.mqtt.beat > STUCK_AFTER_S
             if dead or stuck:
                 log.error("not pinging the watchdog: dead threads %s, inference stuck %s", dead, stuck)
                 continue
             watchdog.ping()
 
-    # --- MQTT (the network thread: publish the status, enqueue only)
+    # --- MQTT (the network thread: publish the status, check and enqueue only)
     def _on_connected(self) -> None:
         self.serving.publish_status()
         self.reporter.wake()
-        self.installer.put(Reconcile())
+        self.slots.reconcile()
 
     def _on_group_desired(self, topic: str, payload: bytes, retained: bool) -> None:
-        self.installer.on_desired(topic, payload, topic.split("/")[-2])
+        self._on_desired(topic, payload, topic.split("/")[-3])
 
-    # --- the hot swap (on the installer's thread, through ServingState.serve)
-    def _swapped(self, model: LoadedModel, previous: LoadedModel | None) -> None:
-        """The old model serves until this call; requests in flight on it finish, then it closes."""
-        self.stats.reset_health()
-        self.quality.bind(model)
+    def _on_desired(self, topic: str, payload: bytes, group: str | None) -> None:
+        """A slot's signed desired state (agent/install/desired.py): valid only for the slot of its topic; a
+        refused document is reported and never acted on."""
+        slot = self.topics.desired_slot_of(topic)
+        if slot is None:
+            log.warning("ignored a message on %s: not a slot's desired topic", topic)
+            return
+        try:
+            self.desired.on_message("group" if group else "device", group, slot, payload)
+        except DesiredRefused as err:
+            log.warning("refused message on %s: %s", topic, err)
+            self.reporter.event("refused", f"message on {topic}: {err}", slot=slot)
+            return
+        self.link.apply_desired(self.desired.effective(slot))
+        self.slots.reconcile()  # this slot's document; a removal may also let a refused slot fit
+
+    def _feedback(self, payload: bytes) -> bool:
+        """MQTT feedback: the field-accuracy record every slot shares."""
+        slots = list(self.slots.all().values())
+        if not slots:
+            return False
+        return slots[0].quality.feedback(payload)
+
+    # --- the local API's accounting: by the model's slot
+    def _slot_stats(self, model_name: str) -> RequestStats:
+        for parts in self.slots.all().values():
+            model = parts.serving.model
+            if model is not None and model.manifest.model_name == model_name:
+                return parts.stats
+        return self.refusals  # a model swapped out meanwhile: counted, in no slot's window
+
+    def _answered(self, model_name: str, latency_ms: float) -> None:
+        self._slot_stats(model_name).record(latency_ms)
+
+    def _failed(self, model_name: str) -> None:
+        self._slot_stats(model_name).record_failure()
+
+    def _served(self) -> dict[str, LoadedModel]:
+        """model name -> model, of every serving slot (generation over MQTT picks by name)."""
+        return {m.manifest.model_name: m for m in self.serving.models().values()}
+
+    def _fetch_candidate(self, bundle_id: str, folder: Path) -> tuple[Path, Manifest]:
+        return fetch_candidate(self.install_context, bundle_id, folder)
+
+    # --- the hot swap (on a slot's install thread, through SlotServing.serve / unload)
+    def _swapped(self, slot: str, model: LoadedModel | None, previous: LoadedModel | None) -> None:
+        """The old model serves until this call; requests in flight on it finish, then it closes. Only `slot`'s
+        model changes."""
+        parts = self.slots.get(slot)
+        if parts is not None:
+            parts.stats.reset_health()
+            parts.quality.bind(model)
         if self.service is not None:
-            self.service.swap(model, replaces=previous.manifest.model_name if previous else None)
+            if model is not None:
+                self.service.swap(model, replaces=previous.manifest.model_name if previous else None, slot=slot)
+            elif previous is not None:
+                self.service.remove(slot)
         if previous is not None:
-            threading.Thread(target=self._retire, args=(previous,), name="retire", daemon=True).start()
+            threading.Thread(target=self._retire, args=(previous,), name=f"retire-{slot}", daemon=True).start()
 
     def _retire(self, model: LoadedModel) -> None:
         """Close a replaced model once nothing uses it: its generations in flight first get the drain time (those

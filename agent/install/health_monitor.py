@@ -1,4 +1,5 @@
-"""Health after commit: re-check the serving bundle's files, golden set and failure ratio on a timer.
+"""Health after commit: re-check one slot's serving bundle's files, golden set and failure ratio on a timer (each slot
+has its own monitor, with its own request statistics).
 
 The verdict itself is a pure function (agent/install/health.py). An unhealthy verdict is reported at once (a
 "health-failed" event) and handed to the install worker as an `Unhealthy` command: the worker, the one writer of
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 
 from edgefleet.agent.install.commands import Command, Unhealthy
 from edgefleet.agent.install.health import judge_health
-from edgefleet.agent.install.serving import ServingState
+from edgefleet.agent.install.serving import SlotServing
 from edgefleet.agent.install.signed_files import check_bundle_files
-from edgefleet.agent.telemetry import Reporter, RequestStats
+from edgefleet.agent.telemetry import RequestStats, SlotReporter
 from edgefleet.core.bundle.archive import verify_files
 from edgefleet.core.errors import BundleError
 
@@ -33,9 +34,9 @@ class HealthPolicy:
 class HealthMonitor:
     def __init__(
         self,
-        serving: ServingState,
+        serving: SlotServing,
         stats: RequestStats,
-        reporter: Reporter,
+        reporter: SlotReporter,
         send: Callable[[Command], None],
         policy: HealthPolicy,
     ) -> None:

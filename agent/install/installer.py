@@ -296,11 +296,16 @@ def load_installed(store: Store, bundle_id: str, trust: DeviceTrust, runtime: Ru
 
 
 def install(
-    ctx: InstallContext, desired: Desired, floor: dict[str, str], notify: Notify, *, shadow: bool = False
-) -> LoadedModel:
-    """The whole pipeline up to (not including) commit. Raises Refused, TransferError or BrokerError."""
+    ctx: InstallContext, desired: Desired, floor: dict[str, str], notify: Notify, *, shadow: bool = False,
+    admit: Callable[[Manifest], object] | None = None,
+) -> LoadedModel:  # fmt: skip
+    """The whole pipeline up to (not including) commit. Raises Refused, TransferError or BrokerError. `admit`: the
+    memory admission (agent/install/admission.py), asked once the signed offer checks out and before a single block
+    (of the index or the bundle) is fetched; it raises Refused when the model does not fit."""
     offer = fetch_offer(ctx, desired.bundle_id)
     manifest = check_offer(ctx, offer, desired, floor, shadow=shadow)
+    if admit is not None:
+        admit(manifest)
     notify(
         "verified",
         f"signature by {offer.key_id} ok; {manifest.model_name} {manifest.model_version} for {manifest.profile}",

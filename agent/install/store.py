@@ -1,15 +1,19 @@
-"""The agent's state directory: installed bundles, the committed one, downloads in progress.
+"""The agent's state directory: installed bundles, each slot's committed one, downloads in progress.
 
-Layout under STATE_DIR:
-  bundles/<bundle_id>/          unpacked, verified bundles (the committed one and N previous)
+A device runs one model per slot (edgefleet/core/topics.py); a `Store` is one slot's view of the state directory
+(`for_slot` gives another slot's, sharing the lock). Layout under STATE_DIR:
+  bundles/<bundle_id>/          unpacked, verified bundles (every slot's committed one and N previous)
   bundles/<bundle_id>.staging/  a bundle being installed; removed on failure or at start-up
-  downloads/<bundle_id>.part    a bundle file being fetched (resumable: see transfer.py)
-  current -> bundles/<id>       the committed bundle; switched with an atomic rename
-  state.json                    committed id, history, the version floor per model, refusals, commit events owed
-  floor.json                    second copy of the version floor (written first, fsync'd)
-  floor_holders.json            per model: the bundle that committed the floor version (id and signed manifest's
-                                sha256): that exact bundle may be installed again at the floor (a retried rollout)
-  trust/                        the adopted key set, desired-state counters (agent/install/trust.py, desired_state.py)
+  slots/<slot>/                 one slot's own state:
+    downloads/<bundle_id>.part    a bundle file being fetched (resumable: see transfer.py)
+    current -> ../../bundles/<id> the committed bundle; switched with an atomic rename
+    state.json                    committed id, history, the version floor per model, refusals, commit events owed
+    floor.json                    second copy of the version floor (written first, fsync'd)
+    floor_holders.json            per model: the bundle that committed the floor version (id and signed manifest's
+                                  sha256): that exact bundle may be installed again at the floor (a retried rollout)
+  trust/                        the adopted key set, desired-state counters and documents (agent/install/trust.py,
+                                desired.py)
+A single-model agent kept a slot's files at the top; agent/install/migration.py moves them under slots/default.
 
 Every switch is write-temp, fsync, rename, fsync-directory, so `kill -9` at any point leaves either
 the old or the new bundle committed, never neither. Every write goes through this class under one lock
@@ -33,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from edgefleet.core.bundle.archive import MANIFEST_NAME
 from edgefleet.core.bundle.manifest import parse_version
 from edgefleet.core.durable import atomic_write, fsync_dir
+from edgefleet.core.topics import DEFAULT_SLOT, check_slot
 
 log = logging.getLogger(__name__)
 
@@ -95,18 +100,46 @@ ABANDONED_DOWNLOAD_S = 3 * 86400.0
 MAX_UNANNOUNCED = 20  # owed commit events kept while the spool cannot take them (a full disk)
 
 
+SLOTS_DIR = "slots"
+_LOCKS: dict[Path, threading.RLock] = {}  # one lock per state directory, shared by its slots' views
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_of(root: Path) -> threading.RLock:
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(root.resolve(), threading.RLock())
+
+
 class Store:
-    def __init__(self, root: Path, keep_previous: int = 2) -> None:
+    def __init__(self, root: Path, keep_previous: int = 2, slot: str = DEFAULT_SLOT) -> None:
         self.root = root
+        self.slot = check_slot(slot)
+        self.slot_dir = root / SLOTS_DIR / slot
         self.bundles = root / "bundles"
-        self.downloads = root / "downloads"
+        self.downloads = self.slot_dir / "downloads"
         self.keep_previous = keep_previous
         for path in (self.root, self.bundles, self.downloads):
             path.mkdir(parents=True, exist_ok=True)
-        self._state_path = root / "state.json"
-        self._floor_path = root / "floor.json"
-        self._holders_path = root / "floor_holders.json"
-        self._lock = threading.RLock()
+        self._state_path = self.slot_dir / "state.json"
+        self._floor_path = self.slot_dir / "floor.json"
+        self._holders_path = self.slot_dir / "floor_holders.json"
+        self._lock = _lock_of(root)
+
+    def for_slot(self, slot: str) -> Store:
+        """Slot `slot`'s view of the same state directory (one lock for all)."""
+        return Store(self.root, self.keep_previous, slot)
+
+    def slots(self) -> list[str]:
+        """The slots with a committed bundle on disk."""
+        found = []
+        for path in sorted((self.root / SLOTS_DIR).glob("*/state.json")):
+            try:
+                name = check_slot(path.parent.name)
+            except ValueError:
+                continue
+            if self.for_slot(name).load_state().committed:
+                found.append(name)
+        return found
 
     # --- state
     def load_state(self) -> AgentState:
@@ -208,10 +241,10 @@ class Store:
             for path in self.bundles.glob("*.staging"):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path.name)
-            for tmp in [*self.root.glob(".*.tmp"), *self.root.glob("trust/.*.tmp")]:
+            for tmp in [*self.root.glob(".*.tmp"), *self.root.glob("trust/.*.tmp"), *self.root.glob("slots/*/.*.tmp")]:
                 tmp.unlink(missing_ok=True)
             cutoff = time.time() - abandoned_after_s
-            for part in list(self.downloads.iterdir()):
+            for part in list(self.root.glob(f"{SLOTS_DIR}/*/downloads/*")):
                 if part.stat().st_mtime < cutoff:
                     part.unlink(missing_ok=True)
                     removed.append(f"downloads/{part.name}")
@@ -247,11 +280,11 @@ class Store:
                     shutil.rmtree(final)
                 os.replace(staging, final)
                 fsync_dir(self.bundles)
-            link_tmp = self.root / ".current.tmp"
+            link_tmp = self.slot_dir / ".current.tmp"
             link_tmp.unlink(missing_ok=True)
-            os.symlink(Path("bundles") / bundle_id, link_tmp)
-            os.replace(link_tmp, self.root / "current")
-            fsync_dir(self.root)
+            os.symlink(Path("..") / ".." / "bundles" / bundle_id, link_tmp)
+            os.replace(link_tmp, self.slot_dir / "current")
+            fsync_dir(self.slot_dir)
             state = self.load_state()
             history = [b for b in ([state.committed] if state.committed else []) + state.history if b != bundle_id]
             versions = dict(state.versions)
@@ -281,8 +314,32 @@ class Store:
             if key not in state.refused:
                 self.save_state(state.model_copy(update={"refused": [*state.refused, key][-keep:]}))
 
+    def forget(self) -> list[str]:
+        """A signed removal of the slot: it runs nothing from now on, and the bundles no other slot keeps are
+        deleted. Its version floor stays (a removal never lowers what the slot may later be given)."""
+        with self._lock:
+            state = self.load_state()
+            kept = {state.committed, *state.history} - {None}
+            self.save_state(AgentState(versions=state.versions, refused=state.refused))
+            (self.slot_dir / "current").unlink(missing_ok=True)
+            shutil.rmtree(self.downloads, ignore_errors=True)
+            self.downloads.mkdir(parents=True, exist_ok=True)
+            self._prune(self.load_state())
+            return sorted(b for b in kept if b and not self.bundle_dir(b).exists())
+
+    def _kept_by_slots(self) -> set[str]:
+        """Every bundle some slot's state keeps (committed or history)."""
+        keep: set[str] = set()
+        for path in (self.root / SLOTS_DIR).glob("*/state.json"):
+            try:
+                other = AgentState.model_validate_json(path.read_bytes())
+            except (OSError, ValueError):
+                continue
+            keep |= {b for b in (other.committed, *other.history) if b}
+        return keep
+
     def _prune(self, state: AgentState) -> None:
-        keep = {state.committed, *state.history}
+        keep = {state.committed, *state.history} | self._kept_by_slots()
         for path in self.bundles.iterdir():
             if path.is_dir() and not path.name.endswith(".staging") and path.name not in keep:
                 shutil.rmtree(path, ignore_errors=True)

@@ -1,8 +1,12 @@
-"""The install worker: start-up restore, signed desired state in, reconcile, refuse, retry, roll back.
+"""A slot's install worker: start-up restore, the slot's signed desired state, reconcile, admit, refuse, retry,
+roll back, remove.
 
-One thread (`run`) handles typed commands (agent/install/commands.py) one at a time, and it alone changes what the
-device serves (agent/install/serving.py): installs, commits, local rollbacks. Every change on disk goes through
-`Store` (one lock). The supervisor (agent/daemon/supervisor.py) owns the thread and the MQTT wiring.
+Each slot (edgefleet/core/topics.py) has one `Installer` with its own thread (`run`): it handles typed commands
+(agent/install/commands.py) one at a time, and it alone changes what its slot serves (agent/install/serving.py):
+installs, commits, local rollbacks, a signed removal. Another slot's install, failure or rollback never touches this
+slot's model. Every change on disk goes through the slot's `Store` view (one lock for the state directory). Memory
+is admitted across slots by one `MemoryBudget` (agent/install/admission.py) before any block is fetched. The
+supervisor (agent/daemon/supervisor.py, agent/daemon/slots.py) owns the threads and the MQTT wiring.
 """
 
 from __future__ import annotations
@@ -13,16 +17,17 @@ import threading
 import time
 from pathlib import Path
 
+from edgefleet.agent.install.admission import MemoryBudget, OverBudget
 from edgefleet.agent.install.commands import Command, Reconcile, Stop, Unhealthy
 from edgefleet.agent.install.commit_notice import announce_commits
-from edgefleet.agent.install.desired import DesiredRefused, DesiredState
+from edgefleet.agent.install.desired import DesiredState
 from edgefleet.agent.install.installer import InstallContext, Refused, fetch_candidate, install, load_installed
-from edgefleet.agent.install.serving import ServingState
+from edgefleet.agent.install.serving import SlotServing
 from edgefleet.agent.install.store import CommitNotice, Store
 from edgefleet.agent.install.trust import DeviceTrust
 from edgefleet.agent.quality import Quality
 from edgefleet.agent.runtime import LoadedModel
-from edgefleet.agent.telemetry import Reporter
+from edgefleet.agent.telemetry import SlotReporter
 from edgefleet.agent.transfer import LinkPacer, TransferError
 from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import BrokerError, BundleError, EdgefleetError
@@ -37,16 +42,20 @@ class Installer:
         *,
         context: InstallContext,
         desired: DesiredState,
-        serving: ServingState,
-        reporter: Reporter,
+        serving: SlotServing,
+        reporter: SlotReporter,
         quality: Quality,
         link: LinkPacer,
         retry_delay_s: float,
         rollback_on_failure: bool,
+        budget: MemoryBudget | None = None,
     ) -> None:
+        """`context.store` is the slot's view of the state directory; `serving` and `reporter` the slot's."""
         self.context, self.desired, self.serving = context, desired, serving
         self.reporter, self.quality, self.link = reporter, quality, link
         self.retry_delay_s, self.rollback_on_failure = retry_delay_s, rollback_on_failure
+        self.budget = budget
+        self.slot = serving.slot
         self._commands: queue.Queue[Command] = queue.Queue()
 
     @property
@@ -80,25 +89,14 @@ class Installer:
                 why = "; ".join(failed)
                 reason = f"the committed bundle does not check out at start-up ({why}); now serving {bundle_id}"
                 self.reporter.event("rolled-back", reason, bundle_id=state.committed)
+            self._hold(model)
             self.serving.serve(model)
-            log.info("serving committed bundle %s on %s", bundle_id, model.provider)
+            log.info("slot %s: serving committed bundle %s on %s", self.slot, bundle_id, model.provider)
             self.serving.set_state("serving")
             break
         else:
             self.serving.set_state("idle")
         self._announce_commits()  # a crash may have come between a commit and its event
-
-    # --- the network thread: check and enqueue only
-    def on_desired(self, topic: str, payload: bytes, group: str | None) -> None:
-        """Signed desired state (agent/install/desired.py): a refused document is reported and never acted on."""
-        try:
-            self.desired.on_message("group" if group else "device", group, payload)
-        except DesiredRefused as err:
-            log.warning("refused message on %s: %s", topic, err)
-            self.reporter.event("refused", f"message on {topic}: {err}")
-            return
-        self.link.apply_desired(self.desired.effective())
-        self.put(Reconcile())
 
     # --- the worker thread
     def run(self) -> None:
@@ -118,9 +116,14 @@ class Installer:
                 self.serving.set_error(f"internal error: {err}")
 
     def _reconcile(self) -> None:
-        desired = self.desired.effective()
+        desired = self.desired.effective(self.slot)
         model = self.serving.model
+        if desired is not None and desired.remove:
+            self._remove(desired.counter)
+            return
         if desired is None or (model is not None and desired.bundle_id == model.bundle_id):
+            if desired is not None and self.serving.refused is not None:
+                self.serving.set_refused(None)
             return
         key = f"{desired.bundle_id}@{desired.issued_at}"
         if key in self.store.load_state().refused:
@@ -137,8 +140,15 @@ class Installer:
             self.reporter.event(kind, detail, bundle_id=bundle_id, progress=progress)  # type: ignore[arg-type]
 
         try:
-            installed = install(self.context, desired, self.store.load_state().versions, notify)
+            installed = install(self.context, desired, self.store.load_state().versions, notify, admit=self._admit)
+        except OverBudget as err:
+            # Not remembered as given up: it is tried again when another slot's change frees memory.
+            self._release_reservation()
+            self.serving.set_refused(str(err), publish=False)
+            self._fail(bundle_id, "refused", str(err))
+            return
         except (TransferError, BrokerError) as err:
+            self._release_reservation()
             # Transient: the bundle may appear, the link or disk space come back; try again later (scheduled
             # first: with a full disk even the report of this error may fail).
             self._retry_later()
@@ -147,6 +157,7 @@ class Installer:
         except (Refused, BundleError) as err:
             # Refused before its commit: nothing changed on the device, whatever it serves. "rolled-back" is only
             # for going back from a bundle this device committed (health, start-up).
+            self._release_reservation()
             self.store.remember_refusal(key)
             self._fail(bundle_id, "refused", str(err))
             return
@@ -155,10 +166,48 @@ class Installer:
         notice = CommitNotice(bundle_id=bundle_id, detail=detail, ts=time.time())  # owed in the commit's own write
         self.store.commit(bundle_id, installed.manifest.model_name, installed.manifest.model_version, notice=notice)
         installed.bundle_dir = self.store.bundle_dir(bundle_id)
+        self._hold(installed)
+        self.serving.set_refused(None, publish=False)
         self.serving.serve(installed)
         self.serving.set_error(None, publish=False)
         self.serving.set_state("serving")
         self._announce_commits()
+
+    # --- memory (agent/install/admission.py)
+    def _admit(self, manifest: Manifest) -> None:
+        if self.budget is not None:
+            self.budget.admit(self.slot, manifest)
+
+    def _hold(self, model: LoadedModel) -> None:
+        if self.budget is not None:
+            self.budget.hold(self.slot, model.manifest)
+
+    def _release_reservation(self) -> None:
+        """A failed install leaves the slot holding what it serves (or nothing)."""
+        if self.budget is not None:
+            model = self.serving.model
+            self.budget.hold(self.slot, model.manifest if model is not None else None)
+
+    # --- a signed removal
+    def _remove(self, counter: int) -> None:
+        """The slot's document in force says remove: drain and unload its model, stop its shadow, forget its
+        files (its floor stays). Done once; the removal stays in force until a new document names a bundle."""
+        model = self.serving.model
+        if model is None and not self.store.load_state().committed:
+            return
+        self.quality.reconcile_shadow(None, None, self._install_shadow)
+        self.serving.unload()
+        if self.budget is not None:
+            self.budget.hold(self.slot, None)
+        forgotten = self.store.forget()
+        detail = f"slot {self.slot} removed by a signed decision (counter {counter})"
+        if model is not None:
+            detail += f"; {model.bundle_id} drained and unloaded"
+        if forgotten:
+            detail += f"; files of {', '.join(forgotten)} deleted"
+        self.reporter.event("removed", detail, bundle_id=model.bundle_id if model else None)
+        self.serving.set_error(None, publish=False)
+        self.serving.set_state("idle")
 
     def _announce_commits(self) -> None:
         """Spool the "committed" events owed (agent/install/commit_notice.py)."""
@@ -168,7 +217,10 @@ class Installer:
 
     def _reconcile_shadow(self) -> None:
         """The shadow bundle the desired state names: installed through the verified path, never committed."""
-        problem = self.quality.reconcile_shadow(self.desired.effective(), self.serving.model, self._install_shadow)
+        desired = self.desired.effective(self.slot)
+        if desired is not None and desired.remove:
+            return
+        problem = self.quality.reconcile_shadow(desired, self.serving.model, self._install_shadow)
         if problem is not None:
             self.reporter.event("error", problem.detail, bundle_id=problem.bundle_id)
             if problem.transient:
@@ -177,7 +229,7 @@ class Installer:
     def _install_shadow(self, bundle_id: str) -> LoadedModel:
         """The signed desired document names `bundle_id` as its shadow: same signed-offer checks, no version
         floor (a shadow is never committed)."""
-        desired = self.desired.effective()
+        desired = self.desired.effective(self.slot)
         if desired is None or desired.shadow_bundle_id != bundle_id:
             raise Refused(f"shadow bundle {bundle_id} is not named by the signed desired state in force")
         shadow = desired.model_copy(update={"bundle_id": bundle_id, "shadow_bundle_id": None})
@@ -188,7 +240,7 @@ class Installer:
         return install(self.context, shadow, self.store.load_state().versions, notify, shadow=True)
 
     def _fail(self, bundle_id: str, kind: EventKind, reason: str) -> None:
-        log.warning("bundle %s: %s", bundle_id, reason)
+        log.warning("slot %s, bundle %s: %s", self.slot, bundle_id, reason)
         self.serving.set_error(f"{bundle_id}: {reason}", publish=False)
         self.reporter.event(kind, reason, bundle_id=bundle_id)
         self.serving.set_state("serving" if self.serving.model is not None else "idle")
@@ -217,11 +269,12 @@ class Installer:
             except EdgefleetError as err:
                 log.warning("previous bundle %s is not usable either: %s", previous, err)
                 continue
-            desired = self.desired.effective()
+            desired = self.desired.effective(self.slot)
             if desired is not None and desired.bundle_id == bundle_id:
                 self.store.remember_refusal(f"{desired.bundle_id}@{desired.issued_at}")
             manifest = restored.manifest  # a local rollback is the device's own decision: the floor stays
             self.store.commit(previous, manifest.model_name, manifest.model_version, raise_floor=False)
+            self._hold(restored)
             self.serving.serve(restored)
             self.reporter.event("rolled-back", f"{command.reason}; now serving {previous}", bundle_id=bundle_id)
             self.serving.publish_status()

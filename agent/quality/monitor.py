@@ -92,11 +92,21 @@ class ShadowProblem:
 
 
 class Quality:
-    def __init__(self, config: QualityConfig, stats: RequestStats, model: Callable[[], LoadedModel | None]) -> None:
+    def __init__(
+        self,
+        config: QualityConfig,
+        stats: RequestStats,
+        model: Callable[[], LoadedModel | None],
+        field: FieldAccuracy | None = None,
+    ) -> None:
+        """One slot's quality: `model()` is what the slot serves, `stats` its request statistics. `field`: the
+        field-accuracy record the device's slots share (keyed by model name); each slot observes its own model's
+        requests in it."""
         self.config, self._stats, self._model = config, stats, model
-        self.field = FieldAccuracy()
+        self.field = field or FieldAccuracy()
         self.field.observe(self._observed)
-        self.field.class_output = self._class_output
+        others = self.field.class_output
+        self.field.class_output = lambda name: self._class_output(name) or others(name)
         self.drift: DriftMonitor | None = None
         self._drift_bundle: str | None = None
         self.shadow: ShadowRunner | None = None
@@ -139,8 +149,11 @@ class Quality:
         return None
 
     def _observed(
-        self, _name: str, bundle_id: str | None, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+        self, name: str, bundle_id: str | None, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
     ) -> None:
+        model = self._model()
+        if model is None or model.manifest.model_name != name:
+            return  # another slot's request
         drift = self.drift
         if drift is not None and bundle_id == self._drift_bundle:
             drift.observe(inputs, outputs)

@@ -15,16 +15,19 @@ from edgefleet.agent.telemetry.stats import RequestStats, ResourceSampler
 from edgefleet.core.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from edgefleet.agent.telemetry.reporter import Reporter, SpoolFigures
+    from edgefleet.agent.telemetry.reporter import Reporter, SlotReporter, SpoolFigures
     from edgefleet.agent.telemetry.spool import Spool
 
 _LAZY = {  # imported when first used: not needed to serve (see the module's docstring)
     "Reporter": "edgefleet.agent.telemetry.reporter",
+    "SlotReporter": "edgefleet.agent.telemetry.reporter",
     "SpoolFigures": "edgefleet.agent.telemetry.reporter",
     "Spool": "edgefleet.agent.telemetry.spool",
 }
 
-__all__ = ["GenerationWindow", "Reporter", "RequestStats", "ResourceSampler", "Spool", "SpoolFigures"]
+__all__ = [
+    "GenerationWindow", "Reporter", "RequestStats", "ResourceSampler", "SlotReporter", "Spool", "SpoolFigures",
+]  # fmt: skip
 
 
 # The reporter and its spool on first use: the local API needs only RequestStats.

@@ -77,17 +77,23 @@ class Reporter:
         progress: float | None = None,
         ts: float | None = None,
         dropped_through: int | None = None,
+        slot: str | None = None,
     ) -> bool:
-        """Spool an event (`ts`: when it happened, if not now); False when the disk could not take it."""
-        log.info("event %s %s: %s", kind, bundle_id or "", detail)
+        """Spool an event (`ts`: when it happened, if not now; `slot`: the slot it is about, None: the device's own);
+        False when the disk could not take it."""
+        log.info("event %s %s %s: %s", kind, slot or "", bundle_id or "", detail)
 
         def build(seq: int) -> bytes:
             return Event(
                 device_id=self.device_id, kind=kind, bundle_id=bundle_id, detail=detail, progress=progress, seq=seq,
-                dropped_through=dropped_through, **({"ts": ts} if ts is not None else {}),
+                dropped_through=dropped_through, slot=slot, **({"ts": ts} if ts is not None else {}),
             ).encode()  # fmt: skip
 
         return self._enqueue(self.topics.events(self.device_id), build)
+
+    def for_slot(self, slot: str) -> SlotReporter:
+        """The events of one slot: every one carries `slot`."""
+        return SlotReporter(self, slot)
 
     def telemetry(self, build: Callable[[SpoolFigures], Telemetry]) -> bool:
         """Spool the telemetry message `build` makes; False when the disk could not take it."""
@@ -215,4 +221,22 @@ class Reporter:
         self.spool.close()
 
 
-__all__ = ["Reporter", "SpoolFigures"]
+__all__ = ["Reporter", "SlotReporter", "SpoolFigures"]
+
+
+class SlotReporter:
+    """A slot's view of the reporter: its events carry the slot (Event.slot)."""
+
+    def __init__(self, reporter: Reporter, slot: str) -> None:
+        self.reporter, self.slot = reporter, slot
+
+    def event(
+        self,
+        kind: EventKind,
+        detail: str,
+        *,
+        bundle_id: str | None = None,
+        progress: float | None = None,
+        ts: float | None = None,
+    ) -> bool:
+        return self.reporter.event(kind, detail, bundle_id=bundle_id, progress=progress, ts=ts, slot=self.slot)

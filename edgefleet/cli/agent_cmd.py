@@ -46,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between telemetry reports")
     parser.add_argument("--threads", type=int, default=0, help="inference threads (0: the bundle's or measured)")
     parser.add_argument(
+        "--memory-budget-mb",
+        type=float,
+        default=None,
+        help="memory the device's models may use together (default: the profile's budget)",
+    )
+    parser.add_argument(
         "--max-bytes-per-s", type=int, default=None, help="byte-rate cap of this device's link (paid links)"
     )
     add_tls(parser, context=False)
@@ -168,6 +174,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         protocol=args.protocol,
         telemetry_interval_s=args.telemetry_interval,
         threads=args.threads,
+        memory_budget_mb=args.memory_budget_mb,
         max_bytes_per_s=args.max_bytes_per_s,
         health_interval_s=args.health_interval,
         rollback_on_failure=not args.no_rollback,

@@ -22,7 +22,9 @@ from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys, generate_keypair
 
+from support.publishing.desired import deploy_slot
 from support.servers.brokers import free_port
+from support.slots import slot_of
 
 T = TypeVar("T")
 
@@ -142,13 +144,14 @@ class FleetWatcher:
     def event_log(self) -> list[str]:
         return [f"{e.device_id} {e.kind} {e.bundle_id}: {e.detail}" for e in self.events]
 
-    def serving(self, device_id: str, bundle_id: str, timeout: float = 30.0) -> DeviceStatus:
+    def serving(self, device_id: str, bundle_id: str, timeout: float = 30.0, slot: str = "default") -> DeviceStatus:
         def check() -> DeviceStatus | None:
             status = self.status.get(device_id)
-            ok = status and status.online and status.active_bundle == bundle_id and status.verified
+            entry = slot_of(status, slot)
+            ok = status and status.online and entry.active_bundle == bundle_id and entry.verified
             return status if ok else None
 
-        return self.wait_for(f"{device_id} serving {bundle_id}", check, timeout)
+        return self.wait_for(f"{device_id} serving {bundle_id} in slot {slot}", check, timeout)
 
     def event(self, device_id: str, kind: str, timeout: float = 30.0, bundle_id: str | None = None) -> Event:
         def check() -> Event | None:
@@ -187,9 +190,13 @@ def deploy_to(
     rollback: bool = False,
     block_size: int = 16 * 1024,
     layout: Literal["chunks", "blocks"] = "chunks",
+    slot: str = "default",
 ) -> str:
     manifest, _ = publish_bundle(conn, topics, bundle, block_size=block_size, layout=layout)
-    deploy(conn, topics, manifest, devices=list(devices), groups=list(groups), rollback=rollback)
+    if slot == "default":
+        deploy(conn, topics, manifest, devices=list(devices), groups=list(groups), rollback=rollback)
+    else:
+        deploy_slot(conn, topics, manifest, slot=slot, devices=devices, groups=groups, rollback=rollback)
     return manifest.bundle_id
 
 

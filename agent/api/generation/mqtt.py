@@ -35,11 +35,11 @@ class MqttGeneration:
         conn: Connection,
         topics: Topics,
         device_id: str,
-        model: Callable[[], Served | None],
+        models: Callable[[], Mapping[str, Served]],
         parts: GenerationParts,
     ) -> None:
         self.conn, self.topics, self.device_id, self.parts = conn, topics, device_id, parts
-        self._model = model
+        self._served = models
         self.runner = GenerationRunner(parts, self._models)
         self._requests: queue.Queue[GenerateRequest] = queue.Queue(maxsize=max(1, parts.config.capacity))
         self._stop = threading.Event()
@@ -49,8 +49,7 @@ class MqttGeneration:
         ]
 
     def _models(self) -> Mapping[str, Served]:
-        model = self._model()
-        return {model.manifest.model_name: model} if model is not None else {}
+        return {name: model for name, model in self._served().items() if model.manifest.generation is not None}
 
     def start(self) -> MqttGeneration:
         for thread in self._threads:

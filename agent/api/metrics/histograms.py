@@ -132,6 +132,7 @@ class ServiceMetrics:
         self.in_flight: Callable[[], int] = lambda: 0
         self.open_connections: Callable[[], int] = lambda: 0
         self.models: Callable[[], Iterable[tuple[str, str, str]]] = lambda: ()  # (model, bundle, provider)
+        self.slot_of: Callable[[str], str] = lambda _model: "default"  # the slot a model name is served in
         self.field_accuracy: Callable[[], Iterable[tuple[str, float, int]]] = lambda: ()  # (model, acc, n)
 
     def latency(self, model: str, bundle_id: str, provider: str) -> Histogram:

@@ -111,7 +111,7 @@ def service_families(m: ServiceMetrics) -> list[Family]:
     latency = Family(f"{PREFIX}_inference_latency_seconds", "histogram", "Inference latency inside the service.")
     for values, histogram in m.latencies():
         snap = histogram.snapshot()
-        labels = _labels(model_labels, values)
+        labels = {**_labels(model_labels, values), "slot": m.slot_of(values[0])}
         cumulative = 0
         for bound, n in zip((*snap.bounds_ms, math.inf), snap.counts, strict=True):
             cumulative += n
@@ -125,7 +125,7 @@ def service_families(m: ServiceMetrics) -> list[Family]:
         count(errors, {"kind": kind}, seen.get((kind,), 0.0), m.errors.created((kind,)))
     info = Family(f"{PREFIX}_model", "info", "Models served, with their bundle and provider.")
     for values in m.models():
-        info.add("_info", _labels(model_labels, tuple(values)), 1.0)
+        info.add("_info", {**_labels(model_labels, tuple(values)), "slot": m.slot_of(values[0])}, 1.0)
     field = list(m.field_accuracy())
     accuracy = gauge(f"{PREFIX}_field_accuracy", "Share of correct answers among those given feedback.")
     samples = gauge(f"{PREFIX}_field_feedback", "Feedbacks the field accuracy is computed over.")

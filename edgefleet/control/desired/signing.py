@@ -69,10 +69,10 @@ def publish_desired(
     if (device is None) == (group is None):
         raise ValueError("publish_desired needs exactly one of device= or group=")
     if device is not None:
-        topic, target = topics.device_desired(device), device_target(device)
+        topic, target = topics.device_desired(device, desired.slot), device_target(device)
     else:
         assert group is not None
-        topic, target = topics.group_desired(group), group_target(group)
+        topic, target = topics.group_desired(group, desired.slot), group_target(group)
     signed = sign_desired(keys, desired, target, ttl_s=ttl_s)
     return conn.publish_latest(topic, signed.encode(), qos=1, wait=wait)  # a replay never leaves an older one
 

@@ -19,6 +19,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 from support.fleet import AgentProcess, FleetWatcher, attacker_keys, deploy_to, derive_bundle
 from support.paths import DIGITS
+from support.slots import slot_of
 
 StartAgent = Callable[..., AgentProcess]
 
@@ -34,7 +35,7 @@ def test_an_agent_installs_serves_and_reports(
     agent = start_agent("dev-serve", groups=("line-1",))
     bundle_id = deploy_to(host, topics, demo_bundles["intel-x86-vnni"], groups=("line-1",))
     status = watcher.serving("dev-serve", bundle_id)
-    assert status.provider_in_use == "CPUExecutionProvider" and status.profile == "intel-x86-vnni"
+    assert slot_of(status).provider_in_use == "CPUExecutionProvider" and status.profile == "intel-x86-vnni"
     watcher.event("dev-serve", "committed", bundle_id=bundle_id)  # events travel through the spool
     kinds = [e.kind for e in watcher.events if e.device_id == "dev-serve"]
     for expected in ("desired", "verified", "download-started", "downloaded", "installed", "committed"):
@@ -84,12 +85,12 @@ def test_malformed_desired_messages_are_refused_with_a_reason(
     agent = start_agent("dev-junk")
     watcher.wait_for("dev-junk online", lambda: watcher.status.get("dev-junk"))
     for payload in (b"{not json", b'{"schema_version": 1}', b'{"schema_version": 7, "bundle_id": "x"}', b"\x00" * 9):
-        host.publish(topics.device_desired("dev-junk"), payload, qos=1, retain=True, wait=5)
+        host.publish(topics.device_desired("dev-junk", "default"), payload, qos=1, retain=True, wait=5)
     event = watcher.event("dev-junk", "refused")
     assert "not a signed desired document" in event.detail
     time.sleep(0.5)
     assert agent.alive and watcher.status["dev-junk"].online
-    host.publish(topics.device_desired("dev-junk"), b"", qos=1, retain=True, wait=5)
+    host.publish(topics.device_desired("dev-junk", "default"), b"", qos=1, retain=True, wait=5)
 
 
 def test_bundles_signed_by_an_untrusted_key_are_refused_before_download(
@@ -105,7 +106,7 @@ def test_bundles_signed_by_an_untrusted_key_are_refused_before_download(
     event = watcher.event("dev-forged", "refused", bundle_id=bundle_id)
     assert "untrusted key" in event.detail
     assert not any(e.kind == "download-started" for e in watcher.events if e.device_id == "dev-forged")
-    assert agent.alive and watcher.status["dev-forged"].active_bundle is None
+    assert agent.alive and slot_of(watcher.status["dev-forged"]).active_bundle is None
 
 
 def test_a_bundle_for_another_profile_is_refused(
@@ -140,7 +141,7 @@ def test_versions_only_go_up_unless_the_host_marks_a_rollback(
     v1_id = deploy_to(host, topics, v1, devices=("dev-versions",))
     event = watcher.event("dev-versions", "refused", bundle_id=v1_id)  # nothing changed on the device
     assert "version 1 is not newer than 2" in event.detail
-    assert watcher.status["dev-versions"].active_bundle == v2_id, "the device keeps serving v2"
+    assert slot_of(watcher.status["dev-versions"]).active_bundle == v2_id, "the device keeps serving v2"
 
     deploy_to(host, topics, v1, devices=("dev-versions",), rollback=True)
     watcher.serving("dev-versions", v1_id)
@@ -172,7 +173,7 @@ def test_the_same_signed_bundle_installs_again_after_a_rollback_and_no_other_bun
     deploy_to(host, topics, v1, devices=("dev-retry",))  # older, and not marked as a rollback
     event = watcher.event("dev-retry", "refused", bundle_id=v1_id)
     assert "version 1 is not newer than 2" in event.detail
-    assert watcher.status["dev-retry"].active_bundle == v2_id
+    assert slot_of(watcher.status["dev-retry"]).active_bundle == v2_id
 
 
 def test_after_kill_9_the_agent_restarts_on_its_committed_bundle_without_downloading(
@@ -219,7 +220,7 @@ def test_a_committed_bundle_whose_files_change_on_disk_is_rolled_back(
     status = watcher.serving("dev-health", v1_id)
     assert v2_id in (status.last_error or "")
     time.sleep(1.5)
-    assert watcher.status["dev-health"].active_bundle == v1_id, "the desired v2 is not re-installed in a loop"
+    assert slot_of(watcher.status["dev-health"]).active_bundle == v1_id, "the desired v2 is not re-installed in a loop"
 
 
 def test_under_systemd_the_agent_says_ready_and_pings_the_watchdog(start_agent: StartAgent, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 from support.fleet import AgentProcess, FleetWatcher, deploy_to, derive_bundle
+from support.slots import slot_of
 
 StartAgent = Callable[..., AgentProcess]
 
@@ -61,7 +62,7 @@ def test_devices_measure_candidates_with_their_own_settings_and_never_install_th
             assert figures.p50_ms is not None and figures.p50_ms <= figures.p90_ms <= figures.p99_ms  # type: ignore[operator]
             assert figures.load_ms is not None and figures.peak_rss_mb is not None and figures.peak_rss_mb > 10
     # Measured, never installed: nothing was committed, and a candidate offered as desired state is refused.
-    assert watcher.status["farm-one-thread"].active_bundle is None
+    assert slot_of(watcher.status["farm-one-thread"]).active_bundle is None
     bundle_id = deploy_to(host, topics, candidates[0], devices=("farm-one-thread",))
     refused = watcher.event("farm-one-thread", "refused", bundle_id=bundle_id)
     assert "benchmark-only candidate" in refused.detail

@@ -36,11 +36,11 @@ def device(keys: keyring.HostKeys, root: Path) -> DesiredState:
 
 def test_an_empty_message_is_refused_and_the_document_in_force_stays(keys: keyring.HostKeys, tmp_path: Path) -> None:
     state = device(keys, tmp_path / "d1")
-    state.on_message("device", None, sign_desired(keys, V3, device_target("d1")).encode())
-    state.on_message("group", "lab", sign_desired(keys, V4, group_target("lab")).encode())
+    state.on_message("device", None, "default", sign_desired(keys, V3, device_target("d1")).encode())
+    state.on_message("group", "lab", "default", sign_desired(keys, V4, group_target("lab")).encode())
     for scope, group in (("device", None), ("group", "lab")):
         with pytest.raises(DesiredRefused, match="a clear must be a signed document"):
-            state.on_message(scope, group, b"")  # type: ignore[arg-type]
+            state.on_message(scope, group, "default", b"")  # type: ignore[arg-type]
     effective = state.effective()
     assert effective is not None and effective.bundle_id == "m-3" and state.refusals == 2
 
@@ -49,24 +49,24 @@ def test_accepted_documents_outlive_a_restart_and_only_a_signed_clear_clears(
     keys: keyring.HostKeys, tmp_path: Path
 ) -> None:
     state = device(keys, tmp_path / "d1")
-    state.on_message("device", None, sign_desired(keys, V3, device_target("d1")).encode())
-    state.on_message("group", "lab", sign_desired(keys, V4, group_target("lab")).encode())
+    state.on_message("device", None, "default", sign_desired(keys, V3, device_target("d1")).encode())
+    state.on_message("group", "lab", "default", sign_desired(keys, V4, group_target("lab")).encode())
     again = device(keys, tmp_path / "d1")  # a restart: nothing from the broker yet (or ever: it was cleared)
     effective = again.effective()
     assert effective is not None and effective.bundle_id == "m-3"
-    again.on_message("device", None, sign_desired(keys, CLEAR, device_target("d1")).encode())
+    again.on_message("device", None, "default", sign_desired(keys, CLEAR, device_target("d1")).encode())
     effective = again.effective()
     assert effective is not None and effective.bundle_id == "m-4", "the group's document applies"
     third = device(keys, tmp_path / "d1")  # the signed clear is kept too
     effective = third.effective()
     assert effective is not None and effective.bundle_id == "m-4"
-    third.on_message("group", "lab", sign_desired(keys, CLEAR, group_target("lab")).encode())
+    third.on_message("group", "lab", "default", sign_desired(keys, CLEAR, group_target("lab")).encode())
     assert third.effective() is None and third.stale() is None  # no desired state: the device keeps what it runs
 
 
 def test_a_kept_document_is_verified_again_at_start_up(keys: keyring.HostKeys, tmp_path: Path) -> None:
     state = device(keys, tmp_path / "d1")
-    state.on_message("device", None, sign_desired(keys, V3, device_target("d1")).encode())
-    kept = tmp_path / "d1" / "trust" / "desired" / "device.json"
+    state.on_message("device", None, "default", sign_desired(keys, V3, device_target("d1")).encode())
+    kept = tmp_path / "d1" / "trust" / "desired" / "default" / "device.json"
     kept.write_bytes(kept.read_bytes().replace(b"m-3", b"m-9"))  # edited on disk: its signature no longer holds
     assert device(keys, tmp_path / "d1").effective() is None

@@ -22,6 +22,7 @@ from edgefleet.core.trust.signing import SigningKey
 
 from support.fleet import FleetWatcher, serve_model
 from support.servers.brokers import MosquittoBroker
+from support.slots import slot_of
 
 DEVICE, MODEL = "dev-labels", "iris-names"
 NAMES = ["setosa", "versicolor", "virginica"]
@@ -130,7 +131,7 @@ def test_oip_v2_serves_the_labels_as_bytes_to_tritons_client(served: Served, bin
 
 def test_an_agent_left_to_choose_its_threads_reports_the_measured_choice_in_its_status(served: Served) -> None:
     status = served.watcher.serving(DEVICE, served.bundle_id)
-    summary = status.provider_summary or ""
+    summary = slot_of(status).provider_summary or ""
     assert "the runtime's default threads" in summary and "2 threads" in summary, summary  # the profile's count
 
 

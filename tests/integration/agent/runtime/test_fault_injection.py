@@ -33,6 +33,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 from support.fleet import AgentProcess, FleetWatcher, deploy_to, padded_bundle
 from support.servers.brokers import MosquittoBroker
+from support.slots import slot_of
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +101,7 @@ def test_kill_9_at_random_points_of_transfer_and_install_never_leaves_a_device_w
                 lambda: (s := watcher.status.get("dev-kill")) and s.online and s.state != "starting" and s,
                 timeout=30,
             )
-            if first.active_bundle not in (current, target):
+            if slot_of(first).active_bundle not in (current, target):
                 without_model += 1
             floor = int(Store(agent.state_dir).floor().get("digits-cnn", "0"))
             floor_dropped += int(floor < committed_version)  # the floor never goes below what committed
@@ -226,7 +227,7 @@ def test_bad_bundles_are_all_refused_and_the_device_keeps_serving(
     event = watcher.event("dev-bad", "refused", bundle_id="forged-60")
     assert "does not verify" in event.detail
     assert accepted == 0
-    assert watcher.status["dev-bad"].active_bundle == good and agent.alive
+    assert slot_of(watcher.status["dev-bad"]).active_bundle == good and agent.alive
     assert not (agent.state_dir.parent / "escaped.txt").exists()
     assert not any(agent.state_dir.rglob("escaped.txt"))
 
@@ -240,7 +241,7 @@ def test_malformed_payloads_on_every_subscribed_topic_are_refused(
     watcher.serving("dev-fuzz", good)
     junk = [b"", b"{", b"null", b"[]", b'{"schema_version": 1}', b"\xff\xfe" * 100, b"{" * 10_000, b"0" * 200_000]
     for payload in junk:
-        host.publish(topics.group_desired("fuzz"), payload, qos=1, retain=False, wait=5)
+        host.publish(topics.group_desired("fuzz", "default"), payload, qos=1, retain=False, wait=5)
         host.publish(topics.infer_request("dev-fuzz"), payload, qos=1, wait=5)
     # An offer that is not a BundleOffer for a bundle the device is told to install.
     host.publish(
