@@ -218,7 +218,7 @@ def test_a_committed_bundle_whose_files_change_on_disk_is_rolled_back(
     assert "installed file model/model.onnx is missing or modified" in failed.detail
     watcher.event("dev-health", "rolled-back", bundle_id=v2_id)
     status = watcher.serving("dev-health", v1_id)
-    assert v2_id in (status.last_error or "")
+    assert v2_id in (slot_of(status).last_error or "")
     time.sleep(1.5)
     assert slot_of(watcher.status["dev-health"]).active_bundle == v1_id, "the desired v2 is not re-installed in a loop"
 

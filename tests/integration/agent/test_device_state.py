@@ -26,6 +26,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 from support.fleet import AgentProcess, FleetWatcher, deploy_to, padded_bundle
 from support.paths import REPO
 from support.servers.brokers import MosquittoBroker
+from support.slots import slot_of
 
 
 @pytest.fixture
@@ -156,11 +157,12 @@ def test_a_disk_that_fills_during_an_install_is_retried_once_space_returns(
         # While the disk is full even the event spool cannot write: the retained status says what happened.
         status = watcher.wait_for(
             "the install failing on the full disk",
-            lambda: (st := watcher.status.get("dev-filling")) and st.last_error and bundle_id in st.last_error and st,
+            lambda: (st := watcher.status.get("dev-filling")) and (e := slot_of(st).last_error) and bundle_id in e and st,
             timeout=90,
         )
-        assert "retrying" in str(status.last_error), f"a full disk must be transient: {status.last_error}"
-        assert status.active_bundle != bundle_id
+        error = slot_of(status).last_error
+        assert "retrying" in str(error), f"a full disk must be transient: {error}"
+        assert slot_of(status).active_bundle != bundle_id
         filler.unlink()  # space returns
         watcher.serving("dev-filling", bundle_id, timeout=90)
         refused = [e for e in watcher.events if e.bundle_id == bundle_id and e.kind in ("refused", "rolled-back")]

@@ -24,6 +24,7 @@ from support.fleet import AgentProcess, FleetWatcher, deploy_to
 from support.generation import corrupted_bundle
 from support.models.generative import TinylmBundles
 from support.servers.brokers import free_port
+from support.slots import slot_of
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,8 @@ def test_an_agent_installs_a_generative_bundle_and_serves_it_over_http_and_mqtt(
     start_agent(DEVICE, extra=("--http-port", str(port), "--generation-concurrency", "1", "--drain", "5"))
     bundle_id = deploy_to(host, topics, tinylm_bundles["generic-x86-64"], devices=(DEVICE,))
     status = watcher.serving(DEVICE, bundle_id, timeout=120)
-    assert status.provider_in_use == "onnxruntime-genai:cpu" and "time per output token" in str(status.provider_summary)
+    slot = slot_of(status)
+    assert slot.provider_in_use == "onnxruntime-genai:cpu" and "time per output token" in str(slot.provider_summary)
 
     api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
     whole = api.completions.create(model="tinylm", prompt=PROMPT, max_tokens=24)
@@ -100,6 +102,6 @@ def test_an_agent_installs_a_generative_bundle_and_serves_it_over_http_and_mqtt(
     broken_id = deploy_to(host, topics, broken, devices=(DEVICE,))
     event = watcher.event(DEVICE, "refused", timeout=120, bundle_id=broken_id)
     assert "golden prompts fail" in event.detail
-    assert watcher.status[DEVICE].active_bundle == bundle_id  # nothing changed
+    assert slot_of(watcher.status[DEVICE]).active_bundle == bundle_id  # nothing changed
     again = api.completions.create(model="tinylm", prompt=PROMPT, max_tokens=24)
     assert again.choices[0].text == whole.choices[0].text

@@ -29,6 +29,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 from support.attacks.ledger import AttackLedger
 from support.fleet import AgentProcess, FleetWatcher, deploy_to, derive_bundle
 from support.servers.brokers import MosquittoBroker, free_port
+from support.slots import slot_of
 
 DEVICE = "dev-abuse"
 V2_INFER = "/v2/models/digits-cnn/infer"
@@ -129,7 +130,7 @@ def assert_model_untouched(served: Served, since: float) -> str:
     bad = [e for e in watcher.events if e.device_id == DEVICE and e.kind in ("health-failed", "rolled-back")]
     assert not bad, [f"{e.kind}: {e.detail}" for e in bad]
     status = watcher.status[DEVICE]
-    assert status.active_bundle == served.bundle_id and status.online
+    assert slot_of(status).active_bundle == served.bundle_id and status.online
     refused = seen[-1].errors_by_kind
     return f"model untouched; refusals so far {dict(sorted(refused.items()))}"
 

@@ -1,0 +1,219 @@
+"""Several models on one device, one per slot, on real agent processes and a real Mosquitto (agent/daemon/slots.py):
+each slot installs, checks, commits or refuses on its own while the others keep answering; tritonclient lists and
+calls every slot's model; MQTT inference is addressed by slot; a slot that does not fit the memory budget is refused
+before any block is fetched; a signed removal unloads a slot; a single-model agent's state dir keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from edgefleet.core.bundle.archive import describe_files, pack_bundle, unpack_bundle
+from edgefleet.core.messages import InferRequest, InferResponse, WireTensor, decode
+from edgefleet.core.mqtt.connection import Connection
+from edgefleet.core.topics import Topics
+from edgefleet.core.trust.signing import SigningKey, TrustedKeys
+
+from support.fleet import AgentProcess, FleetWatcher, deploy_to, derive_bundle, padded_bundle
+from support.publishing.desired import deploy_slot
+from support.servers.brokers import free_port
+from support.slots import slot_of
+
+pytestmark = pytest.mark.slow
+
+StartAgent = Callable[..., AgentProcess]
+SAMPLE = {"input": np.zeros((1, 1, 8, 8), np.float32)}
+
+
+def wrong_golden_bundle(source: Path, out: Path, key: SigningKey, trusted: TrustedKeys, version: str) -> Path:
+    """A re-signed copy of `source` whose golden set no longer matches its model: it fails the check on a device."""
+    unpacked = out / f"wrong-golden-src-{version}"
+    manifest = unpack_bundle(source, unpacked, trusted)
+    golden = unpacked / manifest.golden.path
+    with np.load(golden) as data:
+        arrays = {k: (v + 3.0 if v.dtype.kind == "f" else v) for k, v in data.items()}
+    np.savez(golden, **arrays)  # type: ignore[arg-type]
+    sources = {entry.path: unpacked / entry.path for entry in manifest.files}
+    updated = manifest.model_copy(update={
+        "model_version": version, "bundle_id": f"{manifest.bundle_id}-wrong-golden", "files": describe_files(sources),
+    })  # fmt: skip
+    path = out / f"{updated.bundle_id}.bundle"
+    pack_bundle(path, updated, sources, key)
+    return path
+
+
+def infer_mqtt(host: Connection, topics: Topics, device: str, slot: str | None) -> InferResponse:
+    client = f"c{uuid.uuid4().hex[:8]}"
+    answers: queue.Queue[InferResponse] = queue.Queue()
+    topic = topics.infer_response(device, client)
+    host.subscribe(topic, lambda _t, payload, _r: answers.put(decode(InferResponse, payload)), qos=1)
+    time.sleep(0.2)
+    request = InferRequest(
+        request_id="r1", client_id=client, slot=slot, inputs={k: WireTensor.of(v) for k, v in SAMPLE.items()}
+    )
+    host.publish(topics.infer_request(device), request.encode(), qos=1, wait=5)
+    try:
+        return answers.get(timeout=30)
+    finally:
+        host.unsubscribe(topic)
+
+
+class Hammer:
+    """Keeps calling one model over OIP (tritonclient) on a thread; counts answers and errors."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self.client, self.model = triton.InferenceServerClient(url), model
+        self.answers = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        feed = triton.InferInput("input", [1, 1, 8, 8], "FP32")
+        feed.set_data_from_numpy(SAMPLE["input"])
+        while not self._stop.is_set():
+            try:
+                result = self.client.infer(self.model, [feed])
+                assert result.as_numpy("logits").shape == (1, 10)
+                self.answers += 1
+            except Exception as err:  # every failure is a disturbance this test looks for
+                self.errors.append(f"{type(err).__name__}: {err}")
+            time.sleep(0.01)
+
+    def __enter__(self) -> Hammer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_two_slots_serve_side_by_side_and_a_failing_install_in_one_never_disturbs_the_other(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
+    tmp_path: Path, signing_key: SigningKey, trusted: TrustedKeys,
+) -> None:  # fmt: skip
+    device, port = "dev-slots", free_port()
+    agent = start_agent(device, extra=("--http-port", str(port), "--probe-rate", "0"))
+    digits = demo_bundles["intel-x86-vnni"]
+    reader = derive_bundle(digits, tmp_path, signing_key, trusted, model_name="digits-reader")
+    a = deploy_to(host, topics, digits, devices=(device,), slot="detector")
+    b = deploy_to(host, topics, reader, devices=(device,), slot="reader")
+    watcher.serving(device, a, slot="detector", timeout=90)
+    status = watcher.serving(device, b, slot="reader", timeout=90)
+    assert [s.slot for s in status.slots] == ["detector", "reader"] and status.state == "serving"
+    assert status.memory_free_mb is not None and slot_of(status, "reader").placement is not None
+
+    url = f"127.0.0.1:{port}"
+    client = triton.InferenceServerClient(url)
+    index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+    assert index["digits-cnn"]["state"] == "READY" and index["digits-reader"]["state"] == "READY"
+    assert index["digits-cnn"]["slot"] == "detector" and index["digits-reader"]["slot"] == "reader"
+    for name in ("digits-cnn", "digits-reader", "detector", "reader"):  # a slot's model name, or the slot's own
+        assert client.is_model_ready(name), name
+
+    several = infer_mqtt(host, topics, device, None)
+    assert not several.ok and "several slots (detector, reader)" in (several.error or "")
+    answered = infer_mqtt(host, topics, device, "reader")
+    assert answered.ok and answered.bundle_id == b
+
+    broken = wrong_golden_bundle(reader, tmp_path, signing_key, trusted, version="9")
+    with Hammer(url, "digits-cnn") as hammer:
+        bad = deploy_to(host, topics, broken, devices=(device,), slot="reader")
+        refused = watcher.event(device, "refused", bundle_id=bad, timeout=90)
+        answers_during = hammer.answers
+        deadline = time.monotonic() + 30
+        while hammer.answers < answers_during + 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert refused.slot == "reader" and "golden" in refused.detail, refused.detail
+    assert hammer.errors == [] and hammer.answers >= answers_during + 20  # slot detector never missed a request
+    status = watcher.serving(device, b, slot="reader")  # the refused install left the slot on what it ran
+    assert slot_of(status, "detector").active_bundle == a and slot_of(status, "reader").last_error
+    assert agent.alive
+
+    deploy_slot(host, topics, None, slot="reader", devices=(device,), remove=True)
+    removed = watcher.event(device, "removed", timeout=30)
+    assert removed.slot == "reader" and b in removed.detail
+    watcher.wait_for("the reader slot gone", lambda: [s.slot for s in watcher.status[device].slots] == ["detector"])
+    assert not client.is_model_ready("digits-reader") and client.is_model_ready("digits-cnn")
+    assert not (agent.state_dir / "bundles" / b).exists() and (agent.state_dir / "bundles" / a).exists()
+    alone = infer_mqtt(host, topics, device, None)  # one slot left: a request naming none goes to it
+    assert alone.ok and alone.bundle_id == a
+
+
+def test_an_over_budget_slot_is_refused_before_any_block_and_the_others_keep_serving(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
+    tmp_path: Path, signing_key: SigningKey, trusted: TrustedKeys,
+) -> None:  # fmt: skip
+    device, port = "dev-budget", free_port()
+    start_agent(device, extra=("--http-port", str(port), "--probe-rate", "0", "--memory-budget-mb", "3"))
+    digits = demo_bundles["intel-x86-vnni"]
+    a = deploy_to(host, topics, digits, devices=(device,), slot="detector")
+    watcher.serving(device, a, slot="detector", timeout=90)
+    big = padded_bundle(digits, tmp_path, signing_key, trusted, version="5", pad_bytes=2_000_000)
+    big = derive_bundle(big, tmp_path, signing_key, trusted, model_name="assistant")
+    b = deploy_to(host, topics, big, devices=(device,), slot="assistant")
+    refused = watcher.event(device, "refused", bundle_id=b, timeout=60)
+    assert refused.slot == "assistant"
+    assert "assistant needs 4 MB" in refused.detail and "MB free after detector" in refused.detail, refused.detail
+    assert "budget 3 MB" in refused.detail and "twice its files' size" in refused.detail
+    kinds = [e.kind for e in watcher.events if e.device_id == device and e.bundle_id == b]
+    assert "download-started" not in kinds and "downloaded" not in kinds, kinds  # not one block asked for
+    downloads = tmp_path / device / "slots" / "assistant" / "downloads"
+    assert not any(downloads.iterdir()) and not (tmp_path / device / "bundles" / b).exists()
+    status = watcher.wait_for("the refusal in the status", lambda: slot_of(watcher.status.get(device), "assistant").refused
+                              and watcher.status[device])  # fmt: skip
+    assert slot_of(status, "detector").active_bundle == a and slot_of(status, "detector").state == "serving"
+    index = {e["name"]: e for e in triton.InferenceServerClient(f"127.0.0.1:{port}").get_model_repository_index()}
+    assert index["assistant"]["state"] == "UNAVAILABLE" and "needs 4 MB" in index["assistant"]["reason"]
+    assert index["digits-cnn"]["state"] == "READY"
+
+
+def test_a_single_model_agents_state_dir_keeps_serving_in_the_default_slot_without_a_download(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
+) -> None:  # fmt: skip
+    device = "dev-upgrade"
+    agent = start_agent(device)
+    bundle = deploy_to(host, topics, demo_bundles["intel-x86-vnni"], devices=(device,))
+    watcher.serving(device, bundle)
+    agent.stop()
+    # The layout a single-model agent wrote (agent/install/store.py before slots): the slot's files at the top, the
+    # desired document at trust/desired/device.json, counters keyed by target alone.
+    root = agent.state_dir
+    slot_dir = root / "slots" / "default"
+    for name in ("state.json", "floor.json", "floor_holders.json"):
+        os.replace(slot_dir / name, root / name)
+    (slot_dir / "current").unlink()
+    os.symlink(Path("bundles") / bundle, root / "current")
+    shutil.rmtree(root / "slots")
+    os.replace(root / "trust" / "desired" / "default" / "device.json", root / "trust" / "desired" / "device.json")
+    (root / "trust" / "desired" / "default").rmdir()
+    counters = json.loads((root / "trust" / "counters.json").read_text())
+    (root / "trust" / "counters.json").write_text(json.dumps({k.split("@")[0]: v for k, v in counters.items()}))
+    floor = json.loads((root / "floor.json").read_text())
+    seen = len(watcher.events)
+
+    agent.start()  # the upgraded agent on the old directory
+    status = watcher.wait_for(
+        "the upgraded agent serving",
+        lambda: (st := watcher.status.get(device)) and st.online and slot_of(st).active_bundle == bundle and st,
+        timeout=60,
+    )
+    assert [s.slot for s in status.slots] == ["default"] and slot_of(status).verified
+    time.sleep(2)  # long enough for a reconcile after the retained document arrives again
+    later = [e.kind for e in watcher.events[seen:] if e.device_id == device]
+    assert not {"desired", "download-started", "refused"} & set(later), later
+    assert json.loads((root / "slots" / "default" / "floor.json").read_text()) == floor
+    assert not (root / "state.json").exists() and (root / "slots" / "default" / "current").resolve().name == bundle
