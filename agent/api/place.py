@@ -1,4 +1,4 @@
-"""What a request holds while it waits or runs (an inference queue place, a generation slot), taken only once its
+"""What a request holds while it waits or runs (an inference queue place, a generation place), taken only once its
 body is complete (`Admission.enter`, agent/api/http/server.py): a client that trickles its body holds a socket and
 nothing else. From the head, the routes decide only what costs nothing to hold (the endpoint, the model, the size)."""
 

@@ -74,11 +74,11 @@ class Ticket:
     def __init__(self, service: InferenceService, model: ServedModel) -> None:
         self.service, self.model, self.admitted = service, model, time.monotonic()
         self._released = False
-        self.slot = False  # an inference slot taken for it by `quick`, not yet handed to `run`
+        self.slot = False  # an inference place taken for it by `quick`, not yet handed to `run`
 
     def quick(self) -> bool:
         """Whether the request may run on the server's I/O thread: nothing else is admitted, its model's last run
-        took under QUICK_MS, and an inference slot is free now (taken for it, so that `run` never waits)."""
+        took under QUICK_MS, and an inference place is free now (taken for it, so that `run` never waits)."""
         return self.service._quick(self)
 
     def release(self) -> None:
@@ -321,7 +321,7 @@ class InferenceService:
         else:
             wait = self.config.queue_timeout_s - (time.monotonic() - ticket.admitted)
             if wait <= 0 or not self._slots.acquire(timeout=wait):
-                raise RequestError(503, "timeout", f"no inference slot within {self.config.queue_timeout_s:g} s")
+                raise RequestError(503, "timeout", f"no inference place within {self.config.queue_timeout_s:g} s")
         with self._count_lock:
             self._running += 1
         try:

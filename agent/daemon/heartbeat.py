@@ -53,11 +53,13 @@ class Heartbeat:
 
     def report(self) -> None:
         """One telemetry message per slot; a device with no slot yet sends one for the default slot."""
-        slots = [p for _, p in sorted(self.slots.all().items())] or [None]
-        cpu, first = self.resources.cpu_percent(), True
-        for parts in slots:
-            self.reporter.telemetry(lambda spool, p=parts, f=first: self.telemetry(spool, p, cpu, first=f))
-            first = False
+        slots: list[SlotParts | None] = [p for _, p in sorted(self.slots.all().items())]
+        cpu = self.resources.cpu_percent()
+        for index, parts in enumerate(slots or [None]):
+            self.reporter.telemetry(self._builder(parts, cpu, first=index == 0))
+
+    def _builder(self, parts: SlotParts | None, cpu: float, *, first: bool) -> Callable[[SpoolFigures], Telemetry]:
+        return lambda spool: self.telemetry(spool, parts, cpu, first=first)
 
     def check_stale(self) -> None:
         """Freeze detection: report (once per change) when a slot's desired document in force expired."""
@@ -105,7 +107,7 @@ class Heartbeat:
             seq=spool.seq,
             link=self.link.report(),
             generation=self.generations.generation.snapshot() if generative else None,
-            **quality,  # type: ignore[arg-type]
+            **quality,
         )
 
     def _errors_by_kind(self, service: InferenceService | None, stats: RequestStats, *, first: bool) -> dict[str, int]:

@@ -10,8 +10,10 @@ class GenerationConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     concurrency: int = Field(default=2, ge=1, description="generations running at once (local API and MQTT together)")
-    queue: int = Field(default=2, ge=0, description="generations waiting for a slot; beyond it they are refused (503)")
-    queue_timeout_s: float = Field(default=10.0, gt=0, description="longest wait for a slot before a 503")
+    queue: int = Field(
+        default=2, ge=0, description="generations waiting for a generation place; beyond it they are refused (503)"
+    )
+    queue_timeout_s: float = Field(default=10.0, gt=0, description="longest wait for a generation place before a 503")
     max_tokens: int = Field(
         default=1024, ge=1, description="the most tokens one request may generate (also capped by the context)"
     )

@@ -12,7 +12,7 @@ from edgefleet.agent.api.generation.config import GenerationConfig
 class GenerationGate:
     def __init__(self, config: GenerationConfig) -> None:
         self.config = config
-        self._slots = threading.BoundedSemaphore(config.concurrency)
+        self._places = threading.BoundedSemaphore(config.concurrency)
         self._lock = threading.Lock()
         self._admitted = 0
         self._running = 0
@@ -37,7 +37,7 @@ class GenerationGate:
         return GatePass(self)
 
     def _acquire(self, timeout_s: float) -> bool:
-        if not self._slots.acquire(timeout=timeout_s):
+        if not self._places.acquire(timeout=timeout_s):
             return False
         with self._lock:
             self._running += 1
@@ -49,11 +49,11 @@ class GenerationGate:
             if running:
                 self._running -= 1
         if running:
-            self._slots.release()
+            self._places.release()
 
 
 class GatePass:
-    """One admitted generation: `wait` for a slot, `release` once (any further call does nothing). A streamed answer
+    """One admitted generation: `wait` for a place, `release` once (any further call does nothing). A streamed answer
     `hold`s the pass past the request handler, and releases it when the stream ends."""
 
     def __init__(self, gate: GenerationGate) -> None:
@@ -62,11 +62,11 @@ class GatePass:
         self._lock = threading.Lock()
 
     def wait(self) -> None:
-        """Take a slot (waiting up to the queue timeout); RequestError 503 when none came."""
+        """Take a generation place (waiting up to the queue timeout); RequestError 503 when none came."""
         if self._running:
             return
         if not self._gate._acquire(self._gate.config.queue_timeout_s):
-            raise RequestError(503, "timeout", f"no generation slot within {self._gate.config.queue_timeout_s:g} s")
+            raise RequestError(503, "timeout", f"no generation place within {self._gate.config.queue_timeout_s:g} s")
         self._running = True
 
     def hold(self) -> None:

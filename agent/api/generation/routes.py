@@ -4,11 +4,11 @@ first piece at once, then pieces joined for at most `stream_interval_s`: agent/a
 
 From the head alone: a body over the generation cap is a 413, before the body is read; for Triton, an unknown or
 non-generative model a 404/400. Once the body is complete (within `body_timeout_s`, 10 s), a place at the gate is
-taken, or refused with a 503 and Retry-After when every slot runs and every queue place is taken: a client that
+taken, or refused with a 503 and Retry-After when every gate place runs and every queue place is taken: a client that
 trickles its body holds a socket, never a place. Then, on a worker: the body parsed, the model resolved, the prompt
-tokenized and its budget set (400 when the prompt alone fills the context), a slot waited for (503 after the queue
+tokenized and its budget set (400 when the prompt alone fills the context), a gate place waited for (503 after the queue
 timeout), and only then the answer begins, so every refusal has its status code even for a stream. A stream holds
-its worker and its gate slot until it ends; a client that goes away stops its generation at the next token (counted
+its worker and its gate place until it ends; a client that goes away stops its generation at the next token (counted
 as cut). Every refusal is counted (`GenerationStats.refused`, `edgefleet_generations_refused_total{reason}`).
 """
 
@@ -167,13 +167,13 @@ class GenerationRoutes:
         return Place(self.runner.parts.gate.enter, refuse)
 
     def _ready(self, call: GenerationCall, gate: GatePass) -> Prepared:
-        """Prepared and holding a slot: every refusal comes before the answer begins."""
+        """Prepared and holding a generation place: every refusal comes before the answer begins."""
         prepared = self.runner.prepare(call)
         gate.wait()
         return prepared
 
     def _stream(self, prepared: Prepared, gate: GatePass, events: Callable[[Write], None]) -> Response:
-        gate.hold()  # the stream releases the slot when it ends (the handler's release leaves it)
+        gate.hold()  # the stream releases the generation place when it ends (the handler's release leaves it)
 
         def stream(write: Write) -> None:
             try:

@@ -1,8 +1,8 @@
 """One generation from a `GenerationCall` to its result, the same for every path: the model resolved by name, the
-prompt tokenized (a chat through the model's template, else the plain one), the token budget, a slot of the shared
+prompt tokenized (a chat through the model's template, else the plain one), the token budget, a place at the shared
 gate, the run, and its accounting.
 
-`prepare` refuses what cannot be served (404, 400) before a slot is taken; `run` answers with the result. A model
+`prepare` refuses what cannot be served (404, 400) before a gate place is taken; `run` answers with the result. A model
 being replaced meanwhile (a swap's drain) is left for the model now served, once. The model's own failure is a 500
 and counts against its health; a refusal never does.
 """
@@ -141,7 +141,7 @@ class GenerationRunner:
             raise RequestError(400, "bad-request", f"prompt: the tokenizer refused it ({type(err).__name__})") from err
 
     def run(self, prepared: Prepared, on_text: Callable[[str], None]) -> GenerationResult:
-        """Run a prepared generation (its gate slot taken); the result, accounted for."""
+        """Run a prepared generation (its generation place taken); the result, accounted for."""
         try:
             result = self._generate(prepared, on_text)
         except Retired:  # replaced since it was prepared, before it started: the model now served takes it

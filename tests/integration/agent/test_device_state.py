@@ -157,7 +157,9 @@ def test_a_disk_that_fills_during_an_install_is_retried_once_space_returns(
         # While the disk is full even the event spool cannot write: the retained status says what happened.
         status = watcher.wait_for(
             "the install failing on the full disk",
-            lambda: (st := watcher.status.get("dev-filling")) and (e := slot_of(st).last_error) and bundle_id in e and st,
+            lambda: (
+                (st := watcher.status.get("dev-filling")) and (e := slot_of(st).last_error) and bundle_id in e and st
+            ),
             timeout=90,
         )
         error = slot_of(status).last_error

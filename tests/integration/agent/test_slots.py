@@ -173,8 +173,10 @@ def test_an_over_budget_slot_is_refused_before_any_block_and_the_others_keep_ser
     assert "download-started" not in kinds and "downloaded" not in kinds, kinds  # not one block asked for
     downloads = tmp_path / device / "slots" / "assistant" / "downloads"
     assert not any(downloads.iterdir()) and not (tmp_path / device / "bundles" / b).exists()
-    status = watcher.wait_for("the refusal in the status", lambda: slot_of(watcher.status.get(device), "assistant").refused
-                              and watcher.status[device])  # fmt: skip
+    status = watcher.wait_for(
+        "the refusal in the status",
+        lambda: slot_of(watcher.status.get(device), "assistant").refused and watcher.status[device],
+    )
     assert slot_of(status, "detector").active_bundle == a and slot_of(status, "detector").state == "serving"
     index = {e["name"]: e for e in triton.InferenceServerClient(f"127.0.0.1:{port}").get_model_repository_index()}
     assert index["assistant"]["state"] == "UNAVAILABLE" and "needs 4 MB" in index["assistant"]["reason"]

@@ -148,7 +148,7 @@ def test_a_full_gate_is_a_503_with_retry_after_until_a_slot_frees(
     finally:
         waiting.release()
     status, _, body = post(service.port, f"/v2/models/{NAME}/generate", {"text_input": PROMPT})
-    assert status == 503 and "no generation slot within 1 s" in json.loads(body)["error"]  # queued, then timed out
+    assert status == 503 and "no generation place within 1 s" in json.loads(body)["error"]  # queued, then timed out
     running.release()
     assert post(service.port, f"/v2/models/{NAME}/generate", {"text_input": PROMPT})[0] == 200
     assert stats.generation.snapshot().refused == 3

@@ -47,7 +47,7 @@ class ReferenceCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
         latency = HistogramMetricFamily("edgefleet_inference_latency_seconds", "Inference latency inside the "
-                                        "service.", labels=["model", "bundle_id", "provider"])  # fmt: skip
+                                        "service.", labels=["model", "bundle_id", "provider", "slot"])  # fmt: skip
         for labels, histogram in m.latencies():
             snap = histogram.snapshot()
             buckets: list[tuple[str, float]] = []
@@ -55,7 +55,7 @@ class ReferenceCollector(Collector):
             for bound, n in zip((*snap.bounds_ms, math.inf), snap.counts, strict=True):
                 cumulative += n
                 buckets.append(("+Inf" if math.isinf(bound) else repr(bound / 1000), cumulative))
-            latency.add_metric(list(labels), buckets, snap.sum_ms / 1000)
+            latency.add_metric([*labels, m.slot_of(labels[0])], buckets, snap.sum_ms / 1000)
         yield latency
         yield _counter("requests", "HTTP inference requests by model and status code.", ["model", "code"], m.requests)
         errors = CounterMetricFamily("edgefleet_errors", "Answers other than 200 by kind: refusals (the caller's "
@@ -76,9 +76,9 @@ class ReferenceCollector(Collector):
         yield GaugeMetricFamily("edgefleet_open_connections", "Client connections open now.",
                                 value=m.open_connections())  # fmt: skip
         info = InfoMetricFamily("edgefleet_model", "Models served, with their bundle and provider.",
-                                labels=["model", "bundle_id", "provider"])  # fmt: skip
+                                labels=["model", "bundle_id", "provider", "slot"])  # fmt: skip
         for model, bundle, provider in m.models():
-            info.add_metric([model, bundle, provider], {})
+            info.add_metric([model, bundle, provider, m.slot_of(model)], {})
         yield info
         accuracy = GaugeMetricFamily("edgefleet_field_accuracy", "Share of correct answers among those given "
                                      "feedback.", labels=["model"])  # fmt: skip

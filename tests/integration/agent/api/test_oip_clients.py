@@ -99,7 +99,8 @@ def test_tritonclient_reads_health_metadata_and_the_repository(agent: Agent) -> 
                                   {"name": "extra", "datatype": "FP32", "shape": [1, 2]}]  # fmt: skip
     assert [o["name"] for o in metadata["outputs"]] == ["scores", "squared"]
     assert client.get_model_metadata(MODEL, model_version="1")["name"] == MODEL
-    assert client.get_model_repository_index() == [{"name": MODEL, "version": "1", "state": "READY", "reason": ""}]
+    index = client.get_model_repository_index()
+    assert index == [{"name": MODEL, "version": "1", "state": "READY", "reason": "", "slot": "default"}]
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
