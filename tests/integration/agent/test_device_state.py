@@ -66,7 +66,7 @@ def test_the_floor_survives_losing_state_json(tmp_path: Path, damage: str) -> No
     store = Store(tmp_path)
     _staged(store, "m-7")
     store.commit("m-7", "m", "7")
-    state = tmp_path / "state.json"
+    state = tmp_path / "slots" / "default" / "state.json"
     if damage == "delete":
         state.unlink()
     elif damage == "corrupt":
@@ -80,7 +80,7 @@ def test_the_floor_survives_losing_its_second_copy(tmp_path: Path) -> None:
     store = Store(tmp_path)
     _staged(store, "m-4")
     store.commit("m-4", "m", "4")
-    (tmp_path / "floor.json").write_text("not json")
+    (tmp_path / "slots" / "default" / "floor.json").write_text("not json")
     assert Store(tmp_path).floor() == {"m": "4"}
 
 
