@@ -119,11 +119,12 @@ class Routes:
             raise RequestError(404, "not-found", f"no model named {name!r} is served here (serving: {served})")
 
     def _models(self) -> Response:
-        """edgefleet's list (`models`) and OpenAI's (`object`, `data`) in one answer."""
+        """edgefleet's list (`models`: every slot's model) and OpenAI's (`object`, `data`: the generative ones, which
+        its completions and chat serve) in one answer."""
         models = sorted(self.service.models().items())
         return self.answers.json({
             "object": "list",
-            "data": [openai_api.model_entry(m.manifest, self.started) for _, m in models],
+            "data": [openai_api.model_entry(m.manifest, self.started) for _, m in models if m.manifest.generation],
             "models": [self.service.describe(m) for _, m in models],
         })  # fmt: skip
 

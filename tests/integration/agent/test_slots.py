@@ -27,6 +27,7 @@ from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 from support.fleet import AgentProcess, FleetWatcher, deploy_to, derive_bundle, padded_bundle
+from support.models.generative import TinylmBundles
 from support.publishing.desired import deploy_slot
 from support.servers.brokers import free_port
 from support.slots import slot_of
@@ -219,3 +220,75 @@ def test_a_single_model_agents_state_dir_keeps_serving_in_the_default_slot_witho
     assert not {"desired", "download-started", "refused"} & set(later), later
     assert json.loads((root / "slots" / "default" / "floor.json").read_text()) == floor
     assert not (root / "state.json").exists() and (root / "slots" / "default" / "current").resolve().name == bundle
+
+
+@pytest.fixture(scope="module")
+def encoder_bundle(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> Path:
+    """The small sentence encoder (tests/support/models/encoder.py) converted for this host, FP32 on ONNX Runtime."""
+    from edgefleet.converter import ConvertRequest, convert
+    from edgefleet.core.profiles import get_profile
+
+    from support.host_cpu import as_this_host
+    from support.models import encoder
+
+    root = tmp_path_factory.mktemp("encoder")
+    model = encoder.export(root / "encoder.onnx")
+    np.savez(root / "calib.npz", **encoder.sentences(16, seed=1))
+    np.savez(root / "eval.npz", **encoder.sentences(16, seed=2))
+    profile = as_this_host(get_profile("intel-x86-vnni"))
+    targets = [t.model_copy(update={"precisions": ["fp32"]}) for t in profile.targets if t.runtime == "onnxruntime"]
+    (result,) = convert(
+        ConvertRequest(
+            model=model, profiles=[profile.model_copy(update={"targets": targets})], calib=root / "calib.npz",
+            eval=root / "eval.npz", out=root, key=signing_key, name="sentence-encoder", version="1", threads=2,
+            runtimes=("onnxruntime",),
+        )
+    )  # fmt: skip
+    assert result.bundle, result.error
+    return Path(str(result.bundle))
+
+
+@pytest.mark.timeout(900)  # the session's tinylm and encoder conversions come first
+def test_tritonclient_and_the_openai_client_work_unchanged_against_a_device_serving_three_models(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
+    encoder_bundle: Path, tinylm_bundles: TinylmBundles,
+) -> None:  # fmt: skip
+    import openai
+
+    from support.models import encoder
+
+    device, port = "dev-three", free_port()
+    start_agent(device, extra=("--http-port", str(port), "--probe-rate", "0", "--generation-concurrency", "1"))
+    detector = deploy_to(host, topics, demo_bundles["intel-x86-vnni"], devices=(device,), slot="detector")
+    embedder = deploy_to(host, topics, encoder_bundle, devices=(device,), slot="embedder")
+    assistant = deploy_to(host, topics, tinylm_bundles["generic-x86-64"], devices=(device,), slot="assistant")
+    for slot, bundle in (("detector", detector), ("embedder", embedder), ("assistant", assistant)):
+        status = watcher.serving(device, bundle, slot=slot, timeout=180)
+    assert [s.slot for s in status.slots] == ["assistant", "detector", "embedder"]
+
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    index = {e["name"]: e["state"] for e in client.get_model_repository_index()}
+    assert index == {"digits-cnn": "READY", "sentence-encoder": "READY", "tinylm": "READY"}
+    digits = triton.InferInput("input", [1, 1, 8, 8], "FP32")
+    digits.set_data_from_numpy(SAMPLE["input"])
+    assert client.infer("digits-cnn", [digits]).as_numpy("logits").shape == (1, 10)
+    sentence = {k: v[0] for k, v in encoder.sentences(1, seed=5).items()}
+    feeds = []
+    for name, value in sentence.items():
+        feeds.append(triton.InferInput(name, list(value.shape), "INT64"))
+        feeds[-1].set_data_from_numpy(value)
+    embedding = client.infer("embedder", feeds).as_numpy("sentence_embedding")  # by slot name
+    assert embedding.shape == (1, encoder.HIDDEN) and abs(float(np.linalg.norm(embedding)) - 1.0) < 1e-3
+
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in api.models.list()] == ["tinylm"]  # the generative slot
+    pieces = [c.choices[0].text for c in api.completions.create(model="tinylm", prompt="import os\n", max_tokens=12,
+                                                                  stream=True)]  # fmt: skip
+    assert len(pieces) >= 2 and "".join(pieces)
+    assert client.infer("digits-cnn", [digits]).as_numpy("logits").shape == (1, 10)  # still answering
+
+    def per_slot() -> set[str] | None:
+        slots = {t.slot for t in watcher.telemetry if t.device_id == device and t.bundle_id}
+        return slots if slots >= {"assistant", "detector", "embedder"} else None
+
+    watcher.wait_for("one telemetry report per slot", per_slot, timeout=30)
