@@ -83,10 +83,12 @@ class Slots:
         budget: MemoryBudget,
         field: FieldAccuracy,
         on_swap: Swap,
+        generation_stats: RequestStats | None = None,
         cores: int | None = None,
     ) -> None:
         self.settings, self.context, self.desired, self.device = settings, context, desired, device
         self.reporter, self.link, self.budget, self.field, self._on_swap = reporter, link, budget, field, on_swap
+        self.generation_stats = generation_stats  # the generations' (agent/api/generation accounts them)
         self.cores = cores or os.cpu_count() or 1
         self._lock = threading.RLock()
         self._slots: dict[str, SlotParts] = {}
@@ -128,7 +130,7 @@ class Slots:
             context=context, desired=self.desired, serving=serving, reporter=reporter, quality=quality, link=self.link,
             retry_delay_s=settings.retry_delay_s, rollback_on_failure=settings.rollback_on_failure, budget=self.budget,
         )  # fmt: skip
-        health = HealthMonitor(serving, stats, reporter, installer.put, settings.health)
+        health = HealthMonitor(serving, stats, reporter, installer.put, settings.health, self.generation_stats)
         return SlotParts(name, serving, stats, quality, installer, health)
 
     def _share(self, name: str) -> tuple[int, str]:

@@ -124,7 +124,7 @@ class Agent:
                 health=HealthPolicy(config.health_interval_s, config.max_failure_ratio, config.failure_window),
             ),
             context=self.install_context, desired=self.desired, device=self.serving, reporter=self.reporter,
-            link=self.link, budget=self.budget, field=self.field, on_swap=self._swapped,
+            link=self.link, budget=self.budget, field=self.field, on_swap=self._swapped, generation_stats=self.stats,
         )  # fmt: skip
         self.refusals = RequestStats()  # MQTT requests refused before a slot is known
         self.mqtt = MqttInference(
@@ -283,6 +283,8 @@ class Agent:
         if parts is not None:
             parts.stats.reset_health()
             parts.quality.bind(model)
+        if model is not None and model.generative is not None:
+            self.stats.reset_health()  # the generations' figures judge the new generative model afresh
         if self.service is not None:
             if model is not None:
                 self.service.swap(model, replaces=previous.manifest.model_name if previous else None, slot=slot)

@@ -39,8 +39,12 @@ class HealthMonitor:
         reporter: SlotReporter,
         send: Callable[[Command], None],
         policy: HealthPolicy,
+        generation_stats: RequestStats | None = None,
     ) -> None:
+        """`stats`: the slot's requests; `generation_stats`: the generations' (every path's), which a generative
+        model's failure ratio is judged on."""
         self.serving, self.stats, self.reporter, self.send, self.policy = serving, stats, reporter, send, policy
+        self.generation_stats = generation_stats
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(self.policy.interval_s):
@@ -60,7 +64,8 @@ class HealthMonitor:
         except BundleError as err:
             files_ok, files_reason = False, str(err)
         golden = model.check_golden(warmup=0)
-        ratio, seen = self.stats.failure_ratio(self.policy.failure_window)
+        stats = self.generation_stats if model.generative is not None and self.generation_stats else self.stats
+        ratio, seen = stats.failure_ratio(self.policy.failure_window)
         verdict = judge_health(
             files_ok=files_ok,
             files_reason=files_reason,

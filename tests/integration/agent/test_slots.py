@@ -163,6 +163,14 @@ def test_an_over_budget_slot_is_refused_before_any_block_and_the_others_keep_ser
     digits = demo_bundles["intel-x86-vnni"]
     a = deploy_to(host, topics, digits, devices=(device,), slot="detector")
     watcher.serving(device, a, slot="detector", timeout=90)
+
+    def bundle_bytes(after: float) -> int | None:
+        """The bundle bytes the device received since it started, as its first report after `after` says."""
+        reports = [t for t in watcher.telemetry if t.device_id == device and t.ts > after and t.link is not None]
+        return reports[0].link.bulk_bytes if reports and reports[0].link is not None else None
+
+    installed = time.time()
+    before = watcher.wait_for("a report after the detector's install", lambda: bundle_bytes(installed))
     big = padded_bundle(digits, tmp_path, signing_key, trusted, version="5", pad_bytes=2_000_000)
     big = derive_bundle(big, tmp_path, signing_key, trusted, model_name="assistant")
     b = deploy_to(host, topics, big, devices=(device,), slot="assistant")
@@ -172,6 +180,8 @@ def test_an_over_budget_slot_is_refused_before_any_block_and_the_others_keep_ser
     assert "budget 3 MB" in refused.detail and "twice its files' size" in refused.detail
     kinds = [e.kind for e in watcher.events if e.device_id == device and e.bundle_id == b]
     assert "download-started" not in kinds and "downloaded" not in kinds, kinds  # not one block asked for
+    after = watcher.wait_for("a report after the refusal", lambda: bundle_bytes(refused.ts + 0.5))
+    assert after == before, f"{after - before} bundle bytes fetched for a refused slot"
     downloads = tmp_path / device / "slots" / "assistant" / "downloads"
     assert not any(downloads.iterdir()) and not (tmp_path / device / "bundles" / b).exists()
     status = watcher.wait_for(
