@@ -15,7 +15,11 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from edgefleet.agent.install.admission import MemoryBudget, OverBudget
 from edgefleet.agent.install.commands import Command, Reconcile, Stop, Unhealthy
@@ -56,6 +60,7 @@ class Installer:
         self.retry_delay_s, self.rollback_on_failure = retry_delay_s, rollback_on_failure
         self.budget = budget
         self.slot = serving.slot
+        self._loaded_mb: float | None = None
         self._commands: queue.Queue[Command] = queue.Queue()
 
     @property
@@ -77,7 +82,7 @@ class Installer:
         failed: list[str] = []
         for bundle_id in [b for b in [state.committed, *state.history] if b]:
             try:
-                model = load_installed(self.store, bundle_id, self.trust, self.context.runtime)
+                model = self._measured(load_installed, self.store, bundle_id, self.trust, self.context.runtime)
             except EdgefleetError as err:
                 log.error("installed bundle %s does not check out: %s", bundle_id, err)
                 self.serving.set_error(f"{bundle_id}: {err}", publish=False)
@@ -140,7 +145,8 @@ class Installer:
             self.reporter.event(kind, detail, bundle_id=bundle_id, progress=progress)  # type: ignore[arg-type]
 
         try:
-            installed = install(self.context, desired, self.store.load_state().versions, notify, admit=self._admit)
+            floor = self.store.load_state().versions
+            installed = self._measured(install, self.context, desired, floor, notify, admit=self._admit)
         except OverBudget as err:
             # Not remembered as given up: it is tried again when another slot's change frees memory.
             self._release_reservation()
@@ -179,8 +185,19 @@ class Installer:
             self.budget.admit(self.slot, manifest)
 
     def _hold(self, model: LoadedModel) -> None:
+        """`model` is the slot's now: its share of the budget, and the memory its load was measured to add."""
+        self.serving.memory_mb = self._loaded_mb
         if self.budget is not None:
             self.budget.hold(self.slot, model.manifest)
+
+    def _measured(self, load: Callable[..., LoadedModel], *args: Any, **kwargs: Any) -> LoadedModel:
+        """Run `load`, measuring what it added to the process's resident memory (SlotStatus.memory_mb: another
+        slot loading at the same moment counts too; the figure is what this device saw, not the manifest's)."""
+        process = psutil.Process()
+        before = process.memory_info().rss
+        model = load(*args, **kwargs)
+        self._loaded_mb = max(0.0, (process.memory_info().rss - before) / 1e6)
+        return model
 
     def _release_reservation(self) -> None:
         """A failed install leaves the slot holding what it serves (or nothing)."""
@@ -265,7 +282,7 @@ class Installer:
             return
         for previous in self.store.load_state().history:
             try:
-                restored = load_installed(self.store, previous, self.trust, self.context.runtime)
+                restored = self._measured(load_installed, self.store, previous, self.trust, self.context.runtime)
             except EdgefleetError as err:
                 log.warning("previous bundle %s is not usable either: %s", previous, err)
                 continue

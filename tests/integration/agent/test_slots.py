@@ -115,7 +115,9 @@ def test_two_slots_serve_side_by_side_and_a_failing_install_in_one_never_disturb
     watcher.serving(device, a, slot="detector", timeout=90)
     status = watcher.serving(device, b, slot="reader", timeout=90)
     assert [s.slot for s in status.slots] == ["detector", "reader"] and status.state == "serving"
-    assert status.memory_free_mb is not None and slot_of(status, "reader").placement is not None
+    reader = slot_of(status, "reader")
+    assert status.memory_free_mb is not None and reader.memory_mb is not None and reader.memory_mb >= 0
+    assert reader.placement is not None and reader.placement.threads == 1  # the agent's --threads 1
 
     url = f"127.0.0.1:{port}"
     client = triton.InferenceServerClient(url)
