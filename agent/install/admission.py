@@ -54,6 +54,7 @@ class MemoryBudget:
         self.budget_mb, self._free_mb = budget_mb, free_mb
         self._lock = threading.Lock()
         self._held: dict[str, float] = {}  # slot -> MB its model holds, or reserved for its install
+        self.changes = 0  # counts every change of what the slots hold: a refused slot is worth retrying after one
 
     def free_mb(self) -> float:
         return self._free_mb()
@@ -79,15 +80,19 @@ class MemoryBudget:
                     "not downloaded, no serving slot evicted"
                 )
             self._held[slot] = need.mb
+            self.changes += 1
             return need.mb
 
     def hold(self, slot: str, manifest: Manifest | None) -> None:
         """`slot` runs `manifest`'s model now (None: nothing)."""
         with self._lock:
+            before = self._held.get(slot)
             if manifest is None:
                 self._held.pop(slot, None)
             else:
                 self._held[slot] = need_of(manifest).mb
+            if self._held.get(slot) != before:
+                self.changes += 1
 
 
 __all__ = ["MemoryBudget", "Need", "OverBudget", "measured_free_mb", "need_of"]

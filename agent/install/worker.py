@@ -61,6 +61,7 @@ class Installer:
         self.budget = budget
         self.slot = serving.slot
         self._loaded_mb: float | None = None
+        self._over_budget: tuple[str, int] | None = None  # (desired key, budget changes) of the last memory refusal
         self._commands: queue.Queue[Command] = queue.Queue()
 
     @property
@@ -133,6 +134,8 @@ class Installer:
         key = f"{desired.bundle_id}@{desired.issued_at}"
         if key in self.store.load_state().refused:
             return
+        if self._over_budget == (key, self.budget.changes if self.budget else 0):
+            return  # refused for memory, and what the other slots hold has not changed since
         bundle_id = desired.bundle_id
         self.reporter.event(
             "desired", f"{desired.model_name} {desired.model_version} ({bundle_id})", bundle_id=bundle_id
@@ -148,8 +151,9 @@ class Installer:
             floor = self.store.load_state().versions
             installed = self._measured(install, self.context, desired, floor, notify, admit=self._admit)
         except OverBudget as err:
-            # Not remembered as given up: it is tried again when another slot's change frees memory.
+            # Not remembered as given up: it is tried again once what the other slots hold changes.
             self._release_reservation()
+            self._over_budget = (key, self.budget.changes if self.budget else 0)
             self.serving.set_refused(str(err), publish=False)
             self._fail(bundle_id, "refused", str(err))
             return

@@ -48,3 +48,16 @@ def test_a_new_version_of_a_slot_replaces_its_own_share() -> None:
     budget.admit("detector", manifest(peak_mb=900))  # v2 of the same slot: 900 alone, not 600 + 900
     budget.hold("detector", None)  # a removed slot frees its share
     budget.admit("assistant", manifest(peak_mb=1000))
+
+
+def test_a_refused_slot_is_worth_retrying_only_once_what_the_slots_hold_changed() -> None:
+    budget = MemoryBudget(1000, free_mb=lambda: 100_000)
+    budget.admit("detector", manifest(peak_mb=800))
+    with pytest.raises(OverBudget):
+        budget.admit("assistant", manifest(peak_mb=400))
+    seen = budget.changes
+    budget.hold("detector", manifest(peak_mb=800))  # the same again: nothing changed
+    assert budget.changes == seen
+    budget.hold("detector", None)  # the detector removed: the assistant may fit now
+    assert budget.changes > seen
+    budget.admit("assistant", manifest(peak_mb=400))
