@@ -61,6 +61,9 @@ def _an_id(value: str | None) -> bool:
         return False
 
 
+NEIGHBOUR_BEFORE_S = 60.0  # at least this much of a neighbour slot's reports before the install tells where it was
+
+
 class RolloutEngine:
     def __init__(
         self,
@@ -465,7 +468,7 @@ class RolloutEngine:
         if record is None or progress.installed_at is None:
             return None
         spec, installed = doc.spec, progress.installed_at
-        window = max(spec.timing.baseline_s, spec.timing.observe_s)
+        window = max(spec.timing.baseline_s, spec.timing.observe_s, NEIGHBOUR_BEFORE_S)
         bundle = spec.bundle_for(progress.profile)
         arrived = f"{spec.slot} v{bundle.model_version}" if bundle else f"{spec.slot} {progress.target_bundle}"
         for neighbour in record.slots:
