@@ -100,7 +100,8 @@ _REPORT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 # A slot's name (edgefleet/core/topics.py, check_slot): checked wherever a message carries one.
 SlotName = Annotated[str, AfterValidator(check_slot)]
 # How the device's scheduler treats a slot's work: a real-time slot keeps its latency objective, an interactive one
-# (a language model a person talks to) yields between tokens while real-time work waits, batch work runs in what is left.
+# (a language model a person talks to) yields between tokens while real-time work waits, batch work runs in what is
+# left.
 SlotClass = Literal["real-time", "interactive", "batch"]
 
 DeviceState = Literal["starting", "idle", "downloading", "installing", "serving", "offline"]
@@ -352,7 +353,9 @@ class Telemetry(Message):
     probe_requests: WindowCount = Field(default=0, description="requests the agent generated from its golden set")
     link: LinkReport | None = Field(default=None, description="the link's cap and byte counters")
     generation: GenerationStats | None = Field(default=None, description="generative bundles: token figures")
-    scheduling: SlotTiming | None = Field(default=None, description="the scheduler's queue and compute time for the slot")
+    scheduling: SlotTiming | None = Field(
+        default=None, description="the scheduler's queue and compute time for the slot"
+    )
 
 
 EventKind = Literal[
