@@ -258,7 +258,7 @@ class SimDevice:
                 verified=True,
                 slot_class="real-time",
                 latency_objective_ms=n.objective_ms,
-            )  # fmt: skip
+            )
             for name, n in sorted(self.host.behavior.neighbours.items())
         ]
         if self.active_bundle is None and self.state == "idle":

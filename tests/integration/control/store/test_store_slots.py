@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
-
 from edgefleet.control.store import Deployment, PublishedDesired, Store, open_store
 from edgefleet.control.store.sql.migrate import VERSION_TABLE, migrations
 from edgefleet.core.messages import DeviceStatus, Event, LatencySummary, SlotStatus, Telemetry
@@ -51,7 +49,8 @@ def _store_before_slots(url: str) -> None:
         execute(
             "INSERT INTO devices (device_id, online, state, profile, groups_json, labels_json, agent_version,"
             " active_bundle, active_model, provider, verified, status_ts, first_seen)"
-            " VALUES ('d1', 1, 'serving', 'p', '[\"g\"]', '{}', '0.1.0', 'b1', 'm@1', 'CPUExecutionProvider', 1, 5.0, 1.0)",
+            " VALUES ('d1', 1, 'serving', 'p', '[\"g\"]', '{}', '0.1.0', 'b1', 'm@1', 'CPUExecutionProvider', 1, 5.0,"
+            " 1.0)",
             (),
         )
         execute(
