@@ -164,7 +164,7 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
         print_json(_rollout_json(doc))
     else:
         sizes = ", ".join(str(len(w.devices)) for w in doc.waves)
-        print(f"rollout {doc.id}: {len(doc.devices)} devices of {spec.group} in waves of {sizes}")
+        print(f"rollout {doc.id}: slot {spec.slot} of {len(doc.devices)} devices of {spec.group} in waves of {sizes}")
         print(f"follow it with: edgefleet rollout status {doc.id}")
 
 

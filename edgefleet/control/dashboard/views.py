@@ -175,6 +175,7 @@ def rollout_summary(doc: RolloutDoc) -> dict[str, Any]:
         "state": doc.state,
         "active": doc.active,
         "group": doc.spec.group,
+        "slot": doc.spec.slot,
         "bundles": [b.bundle_id for b in doc.spec.bundles],
         "created_at": doc.created_at,
         "updated_at": doc.updated_at,

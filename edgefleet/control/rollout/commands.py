@@ -153,7 +153,8 @@ def prepare_rollout(store: Store, spec: RolloutSpec, *, now: float | None = None
         doc.shadow = ShadowProgress(devices={d: ShadowDevice(device_id=d) for d in plan[0]})
     if spec.allow_unjudged:
         doc.note(now, f"the operator allows unjudged: {', '.join(spec.allow_unjudged)} (no data: passes, not fails)")
-    doc.note(now, f"planned {len(members)} devices of {spec.group} in waves of {', '.join(str(len(w)) for w in plan)}")
+    waves = ", ".join(str(len(w)) for w in plan)
+    doc.note(now, f"planned slot {spec.slot} of {len(members)} devices of {spec.group} in waves of {waves}")
     if targets.left_out:
         doc.note(now, f"left out {len(targets.left_out)} device(s) the host's records do not put in {spec.group}: "
                  + "; ".join(f"{d}: {r}" for d, r in sorted(targets.left_out.items())[:5]))  # fmt: skip

@@ -141,7 +141,7 @@ function renderRollouts(data) {
     const box = el("div", { class: "rollout", "data-rollout": r.id, "data-state": r.state });
     box.append(el("div", { class: "head" },
       el("strong", { text: r.id }), el("span", { class: `badge ${r.state}`, text: r.state }),
-      el("span", { class: "muted", text: `group ${r.group} · ${r.bundles.join(", ")}` }), rolloutButtons(r)));
+      el("span", { class: "muted", text: `group ${r.group} · slot ${r.slot || "default"} · ${r.bundles.join(", ")}` }), rolloutButtons(r)));
     const waves = el("div", { class: "waves" });
     for (const w of r.waves) {
       const bar = el("div", { class: "bar", title: JSON.stringify(w.counts) });
