@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     dep.add_argument("bundle", type=Path)
     dep.add_argument("--device", action="append", default=[], help="device id (repeatable)")
     dep.add_argument("--group", action="append", default=[], help="group name (repeatable)")
+    dep.add_argument(
+        "--slot", default="default", help="the slot (model) to set; the devices' other slots are left alone"
+    )
     dep.add_argument("--rollback", action="store_true", help="allow devices to go back to an older version")
     dep.add_argument(
         "--max-bytes-per-s", type=int, metavar="N",
@@ -138,17 +141,18 @@ def cmd_deploy(args: argparse.Namespace) -> None:
     try:
         manifest, _ = publish_bundle(conn, topics, args.bundle, block_size=args.block_size, layout=args.layout)
         rights = grant_deploy(  # before any device hears of the bundle (broker_rights_deploy.py)
-            conn, topics, manifest.bundle_id, devices=args.device, groups=args.group, mode=args.broker_rights
-        )
+            conn, topics, manifest.bundle_id, devices=args.device, groups=args.group, mode=args.broker_rights,
+            slot=args.slot,
+        )  # fmt: skip
         desired = deploy(conn, topics, manifest, devices=args.device, groups=args.group, rollback=args.rollback,
-                         max_bytes_per_s=args.max_bytes_per_s)  # fmt: skip
+                         max_bytes_per_s=args.max_bytes_per_s, slot=args.slot)  # fmt: skip
     finally:
         conn.stop()
     if args.json:
         print_json({"desired": desired, "devices": args.device, "groups": args.group, "rights": rights})
     else:
         targets = ", ".join([f"device {d}" for d in args.device] + [f"group {g}" for g in args.group])
-        print(f"{manifest.bundle_id} is now desired for {targets}")
+        print(f"{manifest.bundle_id} is now desired in slot {args.slot} for {targets}")
         granted = f"granted to {', '.join(rights.devices) or 'no device'}" if rights.managed else "not managed"
         print(f"broker rights ({rights.reason}): {granted}")
         if rights.unknown:
@@ -160,6 +164,7 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
         title,
         [
             "device",
+            "slot",
             "online",
             "state",
             "profile",
@@ -169,6 +174,8 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
             "p50 ms",
             "p95 ms",
             "golden",
+            "drift",
+            "memory MB",
             "CPU %",
             "RSS MB",
             "last error",
@@ -176,6 +183,7 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
         [
             (
                 r.device_id,
+                r.slot,
                 "yes" if r.online else "no",
                 r.state,
                 r.profile,
@@ -185,20 +193,27 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
                 fmt(r.p50_ms),
                 fmt(r.p95_ms),
                 fmt(r.golden_agreement, 2),
+                r.quality.drift_band or "-",
+                fmt(r.memory_mb, 0),
                 fmt(r.cpu_percent, 0),
                 fmt(r.rss_mb, 0),
-                r.last_error,
+                r.refused or r.last_error,
             )
             for r in rows
         ],
     )
-    quality_table([(r.device_id, r.quality) for r in rows])
+    quality_table([(_who(r), r.quality) for r in rows])
     generation_table(rows)
+
+
+def _who(row: DeviceRow) -> str:
+    """A row's device, and its slot when it is not the default one."""
+    return row.device_id if row.slot == "default" else f"{row.device_id} {row.slot}"
 
 
 def generation_table(rows: list[DeviceRow]) -> None:
     """Token figures per device serving a language model, when any does."""
-    served = [(r.device_id, r.generation) for r in rows if r.generation is not None]
+    served = [(_who(r), r.generation) for r in rows if r.generation is not None]
     if served:
         print_table(
             "generation (last window)",

@@ -25,6 +25,7 @@ from edgefleet.control.fleet.remote import RemoteModel
 from edgefleet.control.fleet.status import DeviceRow, FleetView
 from edgefleet.control.publish.publisher import deploy, publish_bundle
 from edgefleet.core.errors import EdgefleetError
+from edgefleet.core.messages import DeviceStatus
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.profiles import get_profile
 from edgefleet.core.tensors import Dataset, load_dataset
@@ -199,11 +200,19 @@ def _wait_committed(
         if dead:
             raise EdgefleetError(f"agent process(es) exited: {', '.join(dead)}; see their agent.log")
         statuses = view.statuses()
-        if all(statuses.get(d) and statuses[d].active_bundle == b and statuses[d].verified for d, b in desired.items()):
+        if all((s := statuses.get(d)) and _runs(s, b) for d, b in desired.items()):
             return
         time.sleep(0.2)
-    state = {d: (s.state, s.active_bundle, s.last_error) for d, s in view.statuses().items()}
+    state = {
+        d: (s.state, [(slot.slot, slot.active_bundle, slot.last_error) for slot in s.slots], s.last_error)
+        for d, s in view.statuses().items()
+    }
     raise EdgefleetError(f"devices did not commit within {timeout:g} s: {state}")
+
+
+def _runs(status: DeviceStatus, bundle_id: str) -> bool:
+    """Whether a slot of the device runs the bundle, verified."""
+    return any(slot.active_bundle == bundle_id and slot.verified for slot in status.slots)
 
 
 def _evaluate(conn: Connection, topics: Topics, devices: list[str], data: Dataset) -> dict[str, float]:

@@ -19,10 +19,19 @@ from edgefleet.control.rollout.commands import rollout_targets
 from edgefleet.control.rollout.engine import load_doc, make_spec, prepare_rollout, request, to_row
 from edgefleet.control.rollout.finish import can_roll_back
 from edgefleet.control.rollout.plan import BundleRef, RolloutDoc, RolloutSpec, RolloutSpecError
-from edgefleet.control.store import FLEET_TARGET, AuditEntry, BundleRecord, Deployment, DeviceRecord, Scope, Store
+from edgefleet.control.store import (
+    ANY_PROFILE,
+    FLEET_TARGET,
+    AuditEntry,
+    BundleRecord,
+    Deployment,
+    DeviceRecord,
+    Scope,
+    Store,
+)
 from edgefleet.core.errors import UnknownNameError, UserInputError
 from edgefleet.core.quality.golden_hold import default_max_golden_drop
-from edgefleet.core.topics import check_segment
+from edgefleet.core.topics import DEFAULT_SLOT, check_segment, check_slot
 
 COMMANDS = ("pause", "resume", "abort")
 
@@ -177,18 +186,18 @@ def _revert(store: Store, doc: RolloutDoc) -> dict[str, str | None]:
         known = store.bundle(p.previous_bundle) if p.previous_bundle is not None else None
         reverted[p.device_id] = known.bundle_id if known else None
         if known is None:
-            store.delete_deployment("device", p.device_id, p.profile)
+            store.delete_deployment("device", p.device_id, p.profile, doc.spec.slot)
             continue
         store.put_deployment(
             Deployment(
                 scope="device", target=p.device_id, profile=p.profile, bundle_id=known.bundle_id,
                 model_name=known.model_name, model_version=known.model_version, rollback=True, source=source,
-                updated_at=now,
+                updated_at=now, slot=doc.spec.slot,
             )
         )  # fmt: skip
     for d in store.deployments():
         if d.scope == "group" and d.target == doc.spec.group and d.source == f"rollout:{doc.id}":
-            store.delete_deployment("group", d.target, d.profile)
+            store.delete_deployment("group", d.target, d.profile, d.slot)
     doc.state, doc.ends_as = "rolled-back", None
     after = "succeeded" if succeeded else "ended"
     doc.outcome = f"rolled back by an operator after it {after} ({len(reverted)} devices)"
@@ -222,25 +231,54 @@ def _target(scope: Scope, target: str | None) -> str:
         raise UserInputError(str(err)) from err
 
 
+def _slot(slot: str) -> str:
+    try:
+        return check_slot(slot)
+    except ValueError as err:
+        raise UserInputError(str(err)) from err
+
+
 def set_desired(
-    store: Store, who: Operator, scope: Scope, target: str | None, bundle: BundleRecord, rollback: bool = False
-) -> Deployment:
-    """Make a published bundle desired for the fleet (its profile's base), a group, or one device."""
+    store: Store, who: Operator, scope: Scope, target: str | None, bundle: BundleRecord, rollback: bool = False,
+    slot: str = DEFAULT_SLOT,
+) -> Deployment:  # fmt: skip
+    """Make a published bundle desired in one slot for the fleet (its profile's base), a group, or one device; the
+    other slots are not touched."""
     with audited(store, who, "desired.set", f"{scope}:{target or FLEET_TARGET}", bundle=bundle.bundle_id,
-                 rollback=rollback):  # fmt: skip
+                 rollback=rollback, slot=slot):  # fmt: skip
         deployment = Deployment(
             scope=scope, target=_target(scope, target), profile=bundle.profile, bundle_id=bundle.bundle_id,
             model_name=bundle.model_name, model_version=bundle.model_version, rollback=rollback, source="operator",
-            updated_at=time.time(),
+            updated_at=time.time(), slot=_slot(slot),
         )  # fmt: skip
         store.put_deployment(deployment)
         return deployment
 
 
-def clear_desired(store: Store, who: Operator, scope: Scope, target: str | None, profile: str | None = None) -> int:
-    """Remove a deployment; the next less specific one applies."""
-    with audited(store, who, "desired.clear", f"{scope}:{target or FLEET_TARGET}", profile=profile):
-        removed = store.delete_deployment(scope, _target(scope, target), profile)
+def remove_slot(store: Store, who: Operator, scope: Scope, target: str | None, slot: str) -> Deployment:
+    """Decide that a slot runs nothing for the fleet, a group or one device: the control plane publishes a signed
+    removal (`Desired.remove`) and the devices drain the slot and unload it. It replaces the target's deployments
+    of that slot; `clear_desired` of the slot withdraws the decision."""
+    with audited(store, who, "desired.remove", f"{scope}:{target or FLEET_TARGET}", slot=slot):
+        where = _target(scope, target)
+        store.delete_deployment(scope, where, None, _slot(slot))
+        deployment = Deployment(
+            scope=scope, target=where, profile=ANY_PROFILE, bundle_id="", model_name="", model_version="",
+            source="operator", updated_at=time.time(), slot=slot, remove=True,
+        )  # fmt: skip
+        store.put_deployment(deployment)
+        return deployment
+
+
+def clear_desired(
+    store: Store, who: Operator, scope: Scope, target: str | None, profile: str | None = None,
+    slot: str | None = None,
+) -> int:  # fmt: skip
+    """Remove a target's deployments (of one profile, of one slot; all of them by default); the next less specific
+    one applies."""
+    with audited(store, who, "desired.clear", f"{scope}:{target or FLEET_TARGET}", profile=profile, slot=slot):
+        removed = store.delete_deployment(scope, _target(scope, target), profile, None if slot is None else _slot(slot))
         if not removed:
-            raise UserInputError(f"no deployment for {scope} {target or ''}" + (f" ({profile})" if profile else ""))
+            what = ", ".join(x for x in (profile, f"slot {slot}" if slot else None) if x)
+            raise UserInputError(f"no deployment for {scope} {target or ''}" + (f" ({what})" if what else ""))
         return removed

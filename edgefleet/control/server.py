@@ -25,6 +25,7 @@ from types import TracebackType
 from edgefleet.control.broker.janitor import RetainedJanitor
 from edgefleet.control.dashboard.auth import trusted_proxies
 from edgefleet.control.dashboard.server import DashboardServer
+from edgefleet.control.desired.legacy import migrate_legacy_desired
 from edgefleet.control.desired.sync import DesiredPublisher
 from edgefleet.control.fleet.ingest import INGEST_IN_FLIGHT, Ingestor
 from edgefleet.control.health import (
@@ -43,7 +44,7 @@ from edgefleet.control.leadership import Leadership
 from edgefleet.control.rights.sync import RightsMode, open_rights
 from edgefleet.control.rollout.engine import ENGINE_LEASE, RolloutEngine
 from edgefleet.control.store import AlertRecord, Fence, FencedOut, QuotaCut, Store, open_store
-from edgefleet.core.errors import EdgefleetError
+from edgefleet.core.errors import BrokerError, EdgefleetError
 from edgefleet.core.mqtt.connection import Connection, Protocol, TlsFiles
 from edgefleet.core.topics import DEFAULT_PREFIX, Topics
 from edgefleet.core.untrusted import safe_text
@@ -115,6 +116,7 @@ class ControlPlane:
         self.leadership = Leadership(self.store, ENGINE_LEASE, self.holder, config.lease_ttl_s)
         self._stop = threading.Event()
         self._stopped = False
+        self._legacy_moved = False  # the retained single-model desired documents were moved to per-slot topics
         self._threads: list[threading.Thread] = []
 
     @property
@@ -263,6 +265,16 @@ class ControlPlane:
         while not self._stop.wait(1.0):
             pass
 
+    def _move_legacy_desired(self) -> None:
+        """Retained single-model desired documents move to their default slot's topic (desired/legacy.py); a broker
+        that does not answer in time is tried again on the next tick."""
+        try:
+            migrate_legacy_desired(self.conn, self.topics)
+        except BrokerError as err:
+            log.warning("moving legacy desired documents to the default slot failed (retried): %s", err)
+            return
+        self._legacy_moved = True
+
     def _lease_loop(self) -> None:
         """Renew (or take) the engine lease a few times per TTL, whatever the engine thread is doing."""
         every = max(0.05, min(self.config.tick_s, self.config.lease_ttl_s / 4))
@@ -291,6 +303,8 @@ class ControlPlane:
                     last_sync = 0.0
                 current = fence
                 if fence is not None and self.conn.connected:
+                    if not self._legacy_moved:  # once per process, by the lease holder, before its first sync
+                        self._move_legacy_desired()
                     if time.monotonic() - last_sync >= self.config.sync_every_s:
                         last_sync = time.monotonic()
                         try:

@@ -1,5 +1,6 @@
-"""`edgefleet desired list|set|clear`: desired state in the store (a fleet-wide base, group deployments, device
-overrides); the control plane publishes it."""
+"""`edgefleet desired list|set|clear|remove`: desired state in the store, per slot (a fleet-wide base, group
+deployments, device overrides of each model a device runs); the control plane publishes it, signed, one retained
+document per slot."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def _register_desired(sub: argparse._SubParsersAction) -> None:
     scope.add_argument("--group", help="a group's deployment")
     scope.add_argument("--device", help="a device override")
     put.add_argument("--rollback", action="store_true", help="allow devices to go back to an older version")
+    put.add_argument("--slot", default="default", help="the slot (model) to set; other slots are left alone")
     add_broker(put)
     add_store(put)
     add_json(put)
@@ -43,15 +45,27 @@ def _register_desired(sub: argparse._SubParsersAction) -> None:
     scope.add_argument("--group")
     scope.add_argument("--device")
     clear.add_argument("--profile", help="only this profile's deployment")
+    clear.add_argument("--slot", help="only this slot's deployment (default: every slot of the target)")
     add_store(clear)
     clear.set_defaults(func=cmd_desired_clear)
+    remove = verbs.add_parser(
+        "remove", help="a signed decision that devices stop serving a slot and unload it (`clear --slot` undoes it)"
+    )
+    scope = remove.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--fleet", action="store_true")
+    scope.add_argument("--group")
+    scope.add_argument("--device")
+    remove.add_argument("--slot", required=True, help="the slot (model) to remove")
+    add_store(remove)
+    add_json(remove)
+    remove.set_defaults(func=cmd_desired_remove)
 
 
 def cmd_desired_list(args: argparse.Namespace) -> None:
     store = open_from(args)
     try:
         order = {"device": 0, "group": 1, "fleet": 2}
-        rows = sorted(store.deployments(), key=lambda d: (order[d.scope], d.target, d.profile))
+        rows = sorted(store.deployments(), key=lambda d: (order[d.scope], d.target, d.slot, d.profile))
     finally:
         store.close()
     if args.json:
@@ -59,8 +73,9 @@ def cmd_desired_list(args: argparse.Namespace) -> None:
         return
     print_table(
         "desired state (device overrides, then groups, then the fleet base)",
-        ["scope", "target", "profile", "bundle", "version", "rollback", "source"],
-        [(d.scope, d.target, d.profile, d.bundle_id, d.model_version, "yes" if d.rollback else "", d.source)
+        ["scope", "target", "slot", "profile", "bundle", "version", "rollback", "source"],
+        [(d.scope, d.target, d.slot, d.profile, "(removed)" if d.remove else d.bundle_id, d.model_version,
+          "yes" if d.rollback else "", d.source)
          for d in rows],
     )  # fmt: skip
 
@@ -74,14 +89,14 @@ def cmd_desired_set(args: argparse.Namespace) -> None:
     try:
         (manifest,) = publish_bundles(args, store, [args.bundle])
         (record,) = ops.published_bundles(store, [manifest.bundle_id])
-        deployment = ops.set_desired(store, ops.Operator.shell(), scope, target, record, args.rollback)
+        deployment = ops.set_desired(store, ops.Operator.shell(), scope, target, record, args.rollback, args.slot)
     finally:
         store.close()
     if args.json:
         print_json(deployment)
     else:
-        print(f"{manifest.bundle_id} desired for {scope} {deployment.target} ({manifest.profile}); "
-              "the control plane publishes it")  # fmt: skip
+        print(f"{manifest.bundle_id} desired in slot {deployment.slot} for {scope} {deployment.target} "
+              f"({manifest.profile}); the control plane publishes it")  # fmt: skip
 
 
 def cmd_desired_clear(args: argparse.Namespace) -> None:
@@ -90,7 +105,25 @@ def cmd_desired_clear(args: argparse.Namespace) -> None:
     scope: Scope = "fleet" if args.fleet else "group" if args.group else "device"
     store = open_from(args)
     try:
-        removed = ops.clear_desired(store, ops.Operator.shell(), scope, args.group or args.device, args.profile)
+        removed = ops.clear_desired(
+            store, ops.Operator.shell(), scope, args.group or args.device, args.profile, args.slot
+        )
     finally:
         store.close()
     print(f"removed {removed} deployment(s) of {scope} {args.group or args.device or 'fleet'}")
+
+
+def cmd_desired_remove(args: argparse.Namespace) -> None:
+    from edgefleet.control import operations as ops
+
+    scope: Scope = "fleet" if args.fleet else "group" if args.group else "device"
+    store = open_from(args)
+    try:
+        deployment = ops.remove_slot(store, ops.Operator.shell(), scope, args.group or args.device, args.slot)
+    finally:
+        store.close()
+    if args.json:
+        print_json(deployment)
+    else:
+        print(f"slot {deployment.slot} removed for {scope} {deployment.target}; the control plane publishes the "
+              "signed removal")  # fmt: skip

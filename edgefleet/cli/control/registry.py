@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from edgefleet.cli.common import add_json, fmt, print_json, print_table
 from edgefleet.core.errors import UserInputError
+from edgefleet.core.topics import DEFAULT_SLOT
 
 if TYPE_CHECKING:
-    from edgefleet.control.store import Store
+    from edgefleet.control.store import Deployment, DeviceRecord, Store, TelemetryPoint
+    from edgefleet.core.messages import SlotStatus
 
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
@@ -61,8 +63,9 @@ def _register_devices(sub: argparse._SubParsersAction) -> None:
 
 
 def _device_rows(store: Store, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from edgefleet.control.desired.sync import plan_desired
-    from edgefleet.control.fleet.registry import Selector, host_view, memberships, registry_warnings, require_members
+    """One row per slot of each device (a single model: its default slot; a device with nothing: one row)."""
+    from edgefleet.control.desired.sync import device_plan, plan_desired
+    from edgefleet.control.fleet.registry import Selector, memberships, require_members
 
     devices = store.devices()
     groups = store.groups()
@@ -77,20 +80,32 @@ def _device_rows(store: Store, args: argparse.Namespace) -> list[dict[str, Any]]
     now = time.time()
     rows = []
     for d in devices:
-        t = latest.get(d.device_id)
-        want = plan.get(d.device_id)
-        rows.append(
-            {
-                "device_id": d.device_id, "online": d.online, "state": d.state, "profile": host_view(d).profile,
-                "warnings": registry_warnings(d),
-                "bundle": d.active_bundle, "verified": d.verified, "desired": want.bundle_id if want else None,
+        wants = device_plan(plan, d.device_id)
+        for name in sorted({s.slot for s in d.slots} | set(wants)) or [DEFAULT_SLOT]:
+            slot, want, t = d.slot(name), wants.get(name), latest.get((d.device_id, name))
+            rows.append(_device_row(d, name, slot, want, t, member, now))
+    return rows
+
+
+def _device_row(
+    d: DeviceRecord, name: str, slot: SlotStatus | None, want: Deployment | None, t: TelemetryPoint | None,
+    member: dict[str, set[str]], now: float,
+) -> dict[str, Any]:  # fmt: skip
+    from edgefleet.control.fleet.registry import host_view, registry_warnings
+
+    desired = ("remove" if want.remove else want.bundle_id) if want else None
+    return {
+                "device_id": d.device_id, "slot": name, "online": d.online, "state": slot.state if slot else d.state,
+                "profile": host_view(d).profile, "warnings": registry_warnings(d),
+                "bundle": slot.active_bundle if slot else None, "verified": bool(slot and slot.verified),
+                "provider": slot.provider_in_use if slot else None, "memory_mb": slot.memory_mb if slot else None,
+                "refused": slot.refused if slot else None, "desired": desired,
                 "groups": sorted(member.get(d.device_id, set())), "labels": dict(d.labels),
                 "p50_ms": t.p50_ms if t else None, "p95_ms": t.p95_ms if t else None,
                 "golden_agreement": t.golden_agreement if t else None,
-                "last_seen_s": round(now - max(d.status_ts, t.ts if t else 0.0), 1), "last_error": d.last_error,
-            }
-        )  # fmt: skip
-    return rows
+                "last_seen_s": round(now - max(d.status_ts, t.ts if t else 0.0), 1),
+                "last_error": (slot.last_error if slot else None) or d.last_error,
+    }  # fmt: skip
 
 
 def cmd_devices_list(args: argparse.Namespace) -> None:
@@ -104,10 +119,10 @@ def cmd_devices_list(args: argparse.Namespace) -> None:
         return
     print_table(
         f"devices ({len(rows)})",
-        ["device", "online", "state", "profile", "bundle", "verified", "desired", "groups", "labels", "p95 ms",
-         "golden", "seen", "warnings"],
+        ["device", "slot", "online", "state", "profile", "bundle", "verified", "desired", "groups", "labels",
+         "p95 ms", "golden", "seen", "warnings"],
         [
-            (r["device_id"], "yes" if r["online"] else "no", r["state"], r["profile"], r["bundle"],
+            (r["device_id"], r["slot"], "yes" if r["online"] else "no", r["state"], r["profile"], r["bundle"],
              "yes" if r["verified"] else "no", r["desired"], ",".join(r["groups"]),
              ",".join(f"{k}={v}" for k, v in r["labels"].items()), fmt(r["p95_ms"]), fmt(r["golden_agreement"], 2),
              f"{r['last_seen_s']:.0f} s ago", "; ".join(r["warnings"]) or "-")
@@ -119,7 +134,7 @@ def cmd_devices_list(args: argparse.Namespace) -> None:
 def cmd_devices_show(args: argparse.Namespace) -> None:
     import dataclasses
 
-    from edgefleet.control.desired.sync import plan_desired
+    from edgefleet.control.desired.sync import device_plan, plan_desired
     from edgefleet.control.fleet.quality_view import latest_task, task_cell
     from edgefleet.control.fleet.registry import host_view, memberships, registry_warnings
     from edgefleet.core.errors import UnknownNameError
@@ -130,20 +145,21 @@ def cmd_devices_show(args: argparse.Namespace) -> None:
         if device is None:
             raise UnknownNameError("device", args.device_id, sorted(store.device_ids()))
         member = memberships(store.groups(), store.devices()).get(device.device_id, set())
-        want = plan_desired(store).get(device.device_id)
-        published = store.published().get(device.device_id)
+        wants = device_plan(plan_desired(store), device.device_id)
+        published = {slot: p for (d, slot), p in store.published().items() if d == device.device_id}
         telemetry = store.telemetry(device.device_id, time.time() - 3600)[-20:]
         events = store.events(device_id=device.device_id, limit=20)
         task = latest_task(store.quality(device.device_id, time.time() - 3600))
     finally:
         store.close()
     report = {
-        "device": dataclasses.asdict(device) | {"labels": dict(device.labels)},
+        "device": dataclasses.asdict(device)
+        | {"labels": dict(device.labels), "slots": [s.model_dump(mode="json") for s in device.slots]},
         "groups": sorted(member),
         "registry_profile": host_view(device).profile,
         "warnings": registry_warnings(device),
-        "desired": dataclasses.asdict(want) if want else None,
-        "published_desired": dataclasses.asdict(published) if published else None,
+        "desired": {slot: dataclasses.asdict(want) for slot, want in sorted(wants.items())},
+        "published_desired": {slot: dataclasses.asdict(p) for slot, p in sorted(published.items())},
         "telemetry": [dataclasses.asdict(t) for t in telemetry],
         "golden_task": task.model_dump(mode="json") if task else None,
         "events": [dataclasses.asdict(e) for e in events],
@@ -159,18 +175,29 @@ def cmd_devices_show(args: argparse.Namespace) -> None:
             ("online", "yes" if d.online else "no"), ("state", d.state), ("profile", report["registry_profile"]),
             ("registry", "; ".join(registry_warnings(device)) or "matches the device's report"),
             ("agent", d.agent_version), ("hardware", f"{d.arch} {d.os} {d.hostname}"),
-            ("bundle", d.active_bundle), ("model", d.active_model), ("provider", d.provider),
-            ("verified", "yes" if d.verified else "no"), ("groups", ", ".join(sorted(member)) or "-"),
+            ("groups", ", ".join(sorted(member)) or "-"),
             ("labels", ", ".join(f"{k}={v}" for k, v in d.labels.items()) or "-"),
-            ("desired", f"{want.bundle_id} ({want.scope} {want.target}, {want.source})" if want else "-"),
             ("last error", d.last_error), ("golden task", task_cell(task) or "-"),
         ],
     )  # fmt: skip
     print_table(
-        "latest telemetry",
-        ["time", "bundle", "requests", "errors", "p50 ms", "p95 ms", "golden", "CPU %"],
+        "slots",
+        ["slot", "state", "bundle", "model", "provider", "verified", "memory MB", "objective ms", "desired", "refused"],
         [
-            (time.strftime("%H:%M:%S", time.localtime(t.ts)), t.bundle_id, t.requests, t.errors, fmt(t.p50_ms),
+            (name, s.state if s else "-", s.active_bundle if s else None, s.active_model if s else None,
+             s.provider_in_use if s else None, "yes" if s and s.verified else "no",
+             fmt(s.memory_mb, 0) if s else "-", fmt(s.latency_objective_ms) if s else "-",
+             (("remove" if w.remove else f"{w.bundle_id} ({w.scope} {w.target}, {w.source})") if w else "-"),
+             (s.refused if s else None) or "-")
+            for name in sorted({x.slot for x in d.slots} | set(wants))
+            for s, w in [(d.slot(name), wants.get(name))]
+        ],
+    )  # fmt: skip
+    print_table(
+        "latest telemetry",
+        ["time", "slot", "bundle", "requests", "errors", "p50 ms", "p95 ms", "golden", "CPU %"],
+        [
+            (time.strftime("%H:%M:%S", time.localtime(t.ts)), t.slot, t.bundle_id, t.requests, t.errors, fmt(t.p50_ms),
              fmt(t.p95_ms), fmt(t.golden_agreement, 2), fmt(t.cpu_percent, 0))
             for t in telemetry
         ],

@@ -32,6 +32,10 @@ def _register_rollout(sub: argparse._SubParsersAction) -> None:
     start = verbs.add_parser("start", help="publish bundles (one per profile) and start a rollout to a group")
     start.add_argument("bundles", type=Path, nargs="+", metavar="BUNDLE")
     start.add_argument("--group", required=True, help="host-side group, or an agent --group name")
+    start.add_argument(
+        "--slot", default="default",
+        help="the slot (model) of the group's devices to roll out; their other slots are left alone (default: default)",
+    )  # fmt: skip
     start.add_argument("--canary", default="1", help="first wave: a device count (1) or a share (10%%)")
     start.add_argument(
         "--waves", default="25%,50%,100%", help="cumulative wave sizes after the canary (default 25%%,50%%,100%%)"
@@ -142,7 +146,7 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
             "baseline_s": args.baseline, "observe_s": args.observe, "install_timeout_s": args.install_timeout,
             "report_timeout_s": args.report_timeout, "min_reports": args.min_reports,
         },
-        max_failed_devices=args.max_failed_devices,
+        max_failed_devices=args.max_failed_devices, slot=args.slot,
     )  # fmt: skip
     store = open_from(args)
     try:
@@ -160,7 +164,7 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
         print_json(_rollout_json(doc))
     else:
         sizes = ", ".join(str(len(w.devices)) for w in doc.waves)
-        print(f"rollout {doc.id}: {len(doc.devices)} devices of {spec.group} in waves of {sizes}")
+        print(f"rollout {doc.id}: slot {spec.slot} of {len(doc.devices)} devices of {spec.group} in waves of {sizes}")
         print(f"follow it with: edgefleet rollout status {doc.id}")
 
 

@@ -24,7 +24,7 @@ from edgefleet.core.errors import UserInputError
 from edgefleet.core.topics import check_segment
 
 # Further RolloutSpec fields a start request may carry as they are (the spec validates them).
-SPEC_EXTRAS = ("allow_unjudged", "shadow")
+SPEC_EXTRAS = ("allow_unjudged", "shadow", "slot")
 Action = Callable[[Store, ops.Operator, list[str], Mapping[str, Any]], dict[str, Any]]
 
 
@@ -99,8 +99,11 @@ def set_desired(store: Store, who: ops.Operator, parts: list[str], body: Mapping
     rollback = body.get("rollback", False)
     if not isinstance(rollback, bool):
         raise UserInputError("'rollback' must be true or false")
-    d = ops.set_desired(store, who, scope, target, record, rollback)
-    return {"scope": d.scope, "target": d.target, "profile": d.profile, "bundle": d.bundle_id, "rollback": d.rollback}
+    d = ops.set_desired(store, who, scope, target, record, rollback, _str(body, "slot", "default"))
+    return {
+        "scope": d.scope, "target": d.target, "profile": d.profile, "slot": d.slot, "bundle": d.bundle_id,
+        "rollback": d.rollback,
+    }  # fmt: skip
 
 
 def clear_desired(store: Store, who: ops.Operator, parts: list[str], body: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,7 +111,10 @@ def clear_desired(store: Store, who: ops.Operator, parts: list[str], body: Mappi
     profile = body.get("profile") or None
     if profile is not None and not isinstance(profile, str):
         raise UserInputError("'profile' must be a string")
-    return {"removed": ops.clear_desired(store, who, scope, target, profile)}
+    slot = body.get("slot") or None
+    if slot is not None and not isinstance(slot, str):
+        raise UserInputError("'slot' must be a string")
+    return {"removed": ops.clear_desired(store, who, scope, target, profile, slot)}
 
 
 def route(parts: list[str]) -> tuple[str, Action] | None:

@@ -11,9 +11,16 @@ the dashboard server's own.
     edgefleet_dashboard_throttled_total                     attempts answered 429 by this process's throttle
     edgefleet_ingest_backlog_messages                       this instance: received, not stored yet
     edgefleet_ingest_backlog_oldest_seconds                 this instance: how long the oldest has waited
-    edgefleet_device_time_to_first_token_seconds{device,bundle}      language models: the last report's TTFT p50
-    edgefleet_device_time_per_output_token_seconds{device,bundle}    ... its TPOT p50
-    edgefleet_device_output_tokens_per_second{device,bundle}         ... output tokens / decode time
+    edgefleet_device_time_to_first_token_seconds{device,slot,bundle}   language models: the last report's TTFT p50
+    edgefleet_device_time_per_output_token_seconds{device,slot,bundle} ... its TPOT p50
+    edgefleet_device_output_tokens_per_second{device,slot,bundle}      ... output tokens / decode time
+    edgefleet_device_slot_info{device,slot,bundle,provider,state}      1 per slot a device reports (its model)
+    edgefleet_device_slot_verified{device,slot}                        1 when the slot's bundle passed its checks
+    edgefleet_device_slot_latency_p95_seconds{device,slot}             the slot's last report's p95
+    edgefleet_device_slot_latency_objective_seconds{device,slot}       a real-time slot's p95 objective
+    edgefleet_device_slot_golden_agreement{device,slot}                the slot's last report's golden agreement
+    edgefleet_device_slot_drift_psi{device,slot}                       the slot's last quality report's worst drift
+    edgefleet_device_slot_memory_bytes{device,slot}                    what the slot's model holds on the device
 """
 
 from __future__ import annotations
@@ -65,14 +72,55 @@ def _figures(g: GenerationStats) -> dict[str, float | None]:
 
 def _generation(lines: list[str], store: Store) -> None:
     """Per device serving a language model, its last report's token figures."""
-    latest = sorted((d, q) for d, q in store.latest_quality().items() if q.generation is not None)
+    latest = sorted((k, q) for k, q in store.latest_quality().items() if q.generation is not None)
     for suffix, text in _GENERATION.items():
         name = f"edgefleet_device_{suffix}"
         _family(lines, name, "gauge", text)
-        for device, q in latest:
+        for (device, slot), q in latest:
             figure = _figures(q.generation)[suffix] if q.generation is not None else None
             if figure is not None:
-                lines.append(f'{name}{{device="{_label(device)}",bundle="{_label(q.bundle_id)}"}} {figure:.6g}')
+                labels = f'device="{_label(device)}",slot="{_label(slot)}",bundle="{_label(q.bundle_id)}"'
+                lines.append(f"{name}{{{labels}}} {figure:.6g}")
+
+
+_SLOT = {
+    "slot_verified": "1 when the slot's bundle passed its signature and golden checks",
+    "slot_latency_p95_seconds": "p95 latency of the slot's last report",
+    "slot_latency_objective_seconds": "a real-time slot's p95 latency objective",
+    "slot_golden_agreement": "golden agreement of the slot's last report",
+    "slot_drift_psi": "worst input/output drift (PSI) of the slot's last quality report",
+    "slot_memory_bytes": "memory the slot's model holds, measured on the device",
+}
+
+
+def _slots(lines: list[str], store: Store) -> None:
+    """Per device and slot: what it runs, and its figures (absent where the device or its reports say nothing)."""
+    latest, quality = store.latest_telemetry(), store.latest_quality()
+    slots = [(d.device_id, s) for d in store.devices() for s in d.slots]
+    name = "edgefleet_device_slot_info"
+    _family(lines, name, "gauge", "1 per slot a device reports: the bundle it runs, on which provider, its state")
+    for device, s in slots:
+        labels = (
+            f'device="{_label(device)}",slot="{_label(s.slot)}",bundle="{_label(s.active_bundle or "")}",'
+            f'provider="{_label(s.provider_in_use or "")}",state="{_label(s.state)}"'
+        )
+        lines.append(f"{name}{{{labels}}} 1")
+    for suffix, text in _SLOT.items():
+        name = f"edgefleet_device_{suffix}"
+        _family(lines, name, "gauge", text)
+        for device, s in slots:
+            t, q = latest.get((device, s.slot)), quality.get((device, s.slot))
+            psi = max((d.psi for d in q.drift), default=None) if q else None
+            figure = {
+                "slot_verified": float(s.verified),
+                "slot_latency_p95_seconds": t.p95_ms / 1000 if t and t.p95_ms is not None else None,
+                "slot_latency_objective_seconds": s.latency_objective_ms / 1000 if s.latency_objective_ms else None,
+                "slot_golden_agreement": t.golden_agreement if t else None,
+                "slot_drift_psi": psi,
+                "slot_memory_bytes": s.memory_mb * 1024 * 1024 if s.memory_mb is not None else None,
+            }[suffix]
+            if figure is not None:
+                lines.append(f'{name}{{device="{_label(device)}",slot="{_label(s.slot)}"}} {figure:.6g}')
 
 
 def metrics_page(
@@ -112,6 +160,7 @@ def metrics_page(
     _family(lines, "edgefleet_dashboard_throttled_total", "counter", "attempts answered 429 by the throttle")
     lines.append(f"edgefleet_dashboard_throttled_total {int(throttled)}")
     _generation(lines, store)
+    _slots(lines, store)
     for key, gauge in sorted((local or {}).items()):
         if key in _LOCAL:
             _family(lines, f"edgefleet_{key}", "gauge", _LOCAL[key])

@@ -88,7 +88,8 @@ def api_quality(store: Store, window_s: float = 900.0, now: float | None = None)
         step = max(1, len(drifting) // _SPARK_POINTS)
         drift_series = [[p.ts, max(d.psi for d in p.drift)] for p in drifting[::step]]
         row: dict[str, Any] = {
-            "device_id": record.device_id, "groups": list(record.groups), "bundle": record.active_bundle,
+            "device_id": record.device_id, "groups": list(record.groups), "bundle": record.running(),
+            "slots": {s.slot: s.active_bundle for s in record.slots},
             "drift_band": latest.drift_band, "drift_psi": latest.drift_psi, "drift_name": latest.drift_name,
             "drift_series": drift_series,
             "bundles": _bundles(points, p95),

@@ -8,36 +8,67 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from typing import Any
 
+from edgefleet.control.fleet.quality_view import of_point
 from edgefleet.control.fleet.registry import group_members, host_view, registry_warnings
 from edgefleet.control.health import engine_summary, health_report
 from edgefleet.control.rollout.engine import ENGINE_LEASE, load_doc
 from edgefleet.control.rollout.finish import can_roll_back
 from edgefleet.control.rollout.plan import FAILED_STATES, RolloutDoc
 from edgefleet.control.rollout.targets import group_choices, plan_targets
-from edgefleet.control.store import SeriesPoint, Store
+from edgefleet.control.store import DeviceRecord, QualityPoint, SeriesPoint, SlotKey, Store, TelemetryPoint
 from edgefleet.core.errors import UnknownNameError
+from edgefleet.core.topics import DEFAULT_SLOT
 from edgefleet.core.untrusted import safe_text
 
 MAX_GROUP_DEVICES = 200
 _COUNTS = ("requests", "errors", "reports")
 
 
+def _slots(
+    d: DeviceRecord, latest: Mapping[SlotKey, TelemetryPoint], quality: Mapping[SlotKey, QualityPoint], now: float
+) -> list[dict[str, Any]]:
+    """Each slot of a device: its bundle, provider, latency, golden, drift and memory (the device's word and its
+    latest report of that slot)."""
+    rows = []
+    for s in d.slots:
+        t, q = latest.get((d.device_id, s.slot)), quality.get((d.device_id, s.slot))
+        drift = of_point(q) if q else None
+        rows.append(
+            {
+                "slot": s.slot, "state": s.state, "bundle": s.active_bundle, "model": s.active_model,
+                "provider": s.provider_in_use, "verified": s.verified, "slot_class": s.slot_class,
+                "latency_objective_ms": s.latency_objective_ms, "memory_mb": s.memory_mb, "refused": s.refused,
+                "last_error": s.last_error, "p50_ms": t.p50_ms if t else None, "p95_ms": t.p95_ms if t else None,
+                "golden_agreement": t.golden_agreement if t else None, "requests": t.requests if t else None,
+                "drift_band": drift.drift_band if drift else None, "drift_psi": drift.drift_psi if drift else None,
+                "telemetry_age_s": round(now - t.ts, 1) if t else None,
+            }
+        )  # fmt: skip
+    return rows
+
+
 def api_fleet(store: Store, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     latest = store.latest_telemetry()
-    generation = {k: q.generation for k, q in store.latest_quality().items() if q.generation is not None}
+    quality = store.latest_quality()
+    generation = {k: q.generation for k, q in quality.items() if q.generation is not None}
     rows = []
     for d in store.devices():
-        t = latest.get(d.device_id)
-        g = generation.get(d.device_id)
+        # The device row's own figures are its first slot's (the default slot for a single model); `slots` has all.
+        first = d.slot() or (d.slots[0] if d.slots else None)
+        key = (d.device_id, first.slot if first else DEFAULT_SLOT)
+        t = latest.get(key)
+        g = generation.get(key)
         rows.append(
             {
                 "device_id": d.device_id, "online": d.online, "state": d.state, "profile": host_view(d).profile,
                 "groups": list(host_view(d).groups), "warnings": registry_warnings(d), "labels": dict(d.labels),
-                "bundle": d.active_bundle,
-                "model": d.active_model, "provider": d.provider, "verified": d.verified, "last_error": d.last_error,
+                "bundle": first.active_bundle if first else None, "model": first.active_model if first else None,
+                "provider": first.provider_in_use if first else None, "verified": bool(first and first.verified),
+                "last_error": d.last_error, "slots": _slots(d, latest, quality, now),
                 "status_age_s": round(now - d.status_ts, 1),
                 "p50_ms": t.p50_ms if t else None, "p95_ms": t.p95_ms if t else None,
                 "golden_agreement": t.golden_agreement if t else None, "requests": t.requests if t else None,
@@ -144,6 +175,7 @@ def rollout_summary(doc: RolloutDoc) -> dict[str, Any]:
         "state": doc.state,
         "active": doc.active,
         "group": doc.spec.group,
+        "slot": doc.spec.slot,
         "bundles": [b.bundle_id for b in doc.spec.bundles],
         "created_at": doc.created_at,
         "updated_at": doc.updated_at,

@@ -1,4 +1,11 @@
-"""Desired state, materialised: each device's resolved deployment becomes its retained `desired` topic.
+"""Desired state, materialised: each device's resolved deployment of each slot becomes its retained
+`desired/{slot}` topic.
+
+Per slot (a model the device runs; a single model is slot `default`): the plan resolves every (device, slot) on its
+own, and a document is re-signed and published only when that slot's decision changed (or is due for re-signing),
+so publishing one slot never re-publishes another's retained document (its bytes and counter stay as they were).
+A slot removal (`desired remove --slot S`) resolves like any deployment and is published as a signed
+`Desired.remove`.
 
 Host-side groups and label selectors exist only on the host, and agents take a device's own desired
 topic over any group topic; so the control plane resolves every device (`registry.resolve_desired`) and
@@ -17,21 +24,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import paho.mqtt.client as paho
 
 from edgefleet.control.credentials.keyring import HostKeys
-from edgefleet.control.desired.signing import DEFAULT_TTL_S, clear_desired, publish_desired
+from edgefleet.control.desired.signing import DEFAULT_TTL_S, clear_desired, publish_desired, removal
 from edgefleet.control.fleet.registry import link_cap, memberships, resolve_desired
 from edgefleet.control.health import LoopHealth
 from edgefleet.control.rights.documents import DesiredWatch, load_root
 from edgefleet.control.rights.sync import BrokerRights, NoBrokerRights, device_grants
-from edgefleet.control.store import Deployment, DeviceRecord, PublishedDesired, Store
+from edgefleet.control.store import Deployment, DeviceRecord, PublishedDesired, SlotKey, Store
 from edgefleet.core.errors import BrokerError
 from edgefleet.core.messages import Desired
 from edgefleet.core.mqtt.connection import Connection
-from edgefleet.core.topics import Topics
+from edgefleet.core.topics import DEFAULT_SLOT, Topics
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +53,30 @@ class SyncReport:
     cleared: list[str]
 
 
-def plan_desired(store: Store, devices: list[DeviceRecord] | None = None) -> dict[str, Deployment | None]:
-    """device id → the deployment that applies to it now (None: none does)."""
+def plan_desired(store: Store, devices: list[DeviceRecord] | None = None) -> dict[SlotKey, Deployment | None]:
+    """(device id, slot) → the deployment that applies to that slot of the device now (None: none does), for
+    every device and every slot some deployment names (the default slot always)."""
     devices = store.devices() if devices is None else devices
     groups = store.groups()
     deployments = store.deployments()
     extra = {d.target for d in deployments if d.scope == "group"}
     member = memberships(groups, devices, extra)
-    return {d.device_id: resolve_desired(d, deployments, groups, member[d.device_id]) for d in devices}
+    slots = sorted({DEFAULT_SLOT, *(d.slot for d in deployments)})
+    return {
+        (d.device_id, slot): resolve_desired(d, deployments, groups, member[d.device_id], slot)
+        for d in devices
+        for slot in slots
+    }
 
 
-def _what(d: Deployment | PublishedDesired) -> tuple[str, bool, str | None]:
+def device_plan(plan: Mapping[SlotKey, Deployment | None], device_id: str) -> dict[str, Deployment]:
+    """slot → the deployment that applies, for one device (slots resolved to nothing left out)."""
+    return {slot: want for (device, slot), want in plan.items() if device == device_id and want is not None}
+
+
+def _what(d: Deployment | PublishedDesired) -> tuple[str, bool, str | None, bool]:
     """What a device is told: a change to any of it is published again."""
-    return d.bundle_id, d.rollback, d.shadow_bundle_id
+    return d.bundle_id, d.rollback, d.shadow_bundle_id, d.remove
 
 
 class DesiredPublisher:
@@ -74,13 +93,13 @@ class DesiredPublisher:
     ) -> None:
         self.conn, self.topics, self.store = conn, topics, store
         self.keys, self.ttl_s = keys or HostKeys.default(), ttl_s
-        self._signed_at: dict[str, float] = {}  # device -> when its document was last signed (this process)
-        self._in_flight: dict[str, tuple[PublishedDesired | None, paho.MQTTMessageInfo, float]] = {}
-        self._cap_sent: dict[str, int | None] = {}  # device -> the link cap in its last signed document (this process)
+        self._signed_at: dict[SlotKey, float] = {}  # when each slot's document was last signed (this process)
+        self._in_flight: dict[SlotKey, tuple[PublishedDesired | None, paho.MQTTMessageInfo, float]] = {}
+        self._cap_sent: dict[SlotKey, int | None] = {}  # the link cap in its last signed document (this process)
 
-    def _flying(self, device_id: str) -> tuple[bool, PublishedDesired | None]:
-        """(something is on its way to the device, what: a record, or None for a clear)."""
-        flying = self._in_flight.get(device_id)
+    def _flying(self, key: SlotKey) -> tuple[bool, PublishedDesired | None]:
+        """(something is on its way to the slot, what: a record, or None for a clear)."""
+        flying = self._in_flight.get(key)
         if flying is None or time.monotonic() - flying[2] > IN_FLIGHT_S:
             return False, None
         return True, flying[0]
@@ -101,62 +120,78 @@ class DesiredPublisher:
             if self.rights_health is not None:
                 self.rights_health.ticked(time.time())
         published = self.store.published()
-        for device_id, want in sorted(plan.items()):
-            have = published.get(device_id)
-            in_flight, flying = self._flying(device_id)
+        for key in sorted(set(plan) | {k for k in published if k[0] in caps}):
+            device_id, slot = key
+            want, have = plan.get(key), published.get(key)
+            in_flight, flying = self._flying(key)
             if want is None:
                 if have is not None and not (in_flight and flying is None):
-                    info = clear_desired(self.conn, self.topics, self.keys, device=device_id, ttl_s=self.ttl_s)
-                    self._in_flight[device_id] = (None, info, time.monotonic())
+                    info = clear_desired(
+                        self.conn, self.topics, self.keys, slot=slot, device=device_id, ttl_s=self.ttl_s
+                    )
+                    self._in_flight[key] = (None, info, time.monotonic())
                 continue
-            fresh = time.time() - self._signed_at.get(device_id, 0.0) < self.ttl_s / 2
+            fresh = time.time() - self._signed_at.get(key, 0.0) < self.ttl_s / 2
             cap = caps.get(device_id)
-            same_cap = device_id in self._cap_sent and self._cap_sent[device_id] == cap
+            same_cap = key in self._cap_sent and self._cap_sent[key] == cap
             if have is not None and _what(have) == _what(want) and fresh and same_cap:
                 continue
             if flying is not None and _what(flying) == _what(want) and same_cap:
                 continue  # on its way
             # The same decision on the served bundle keeps its issued_at: a refused bundle is not retried.
-            same = have is not None and (have.bundle_id, have.rollback) == (want.bundle_id, want.rollback)
-            desired = Desired(
-                bundle_id=want.bundle_id,
-                model_name=want.model_name,
-                model_version=want.model_version,
-                profile=want.profile,
-                rollback=want.rollback,
-                shadow_bundle_id=want.shadow_bundle_id,
-                max_bytes_per_s=cap,
-                **({"issued_at": have.issued_at} if same and have is not None else {}),
+            same = have is not None and (have.bundle_id, have.rollback, have.remove) == (
+                want.bundle_id, want.rollback, want.remove
+            )  # fmt: skip
+            desired = (
+                removal(slot).model_copy(update={"max_bytes_per_s": cap})
+                if want.remove
+                else Desired(
+                    slot=slot,
+                    bundle_id=want.bundle_id,
+                    model_name=want.model_name,
+                    model_version=want.model_version,
+                    profile=want.profile,
+                    rollback=want.rollback,
+                    shadow_bundle_id=want.shadow_bundle_id,
+                    max_bytes_per_s=cap,
+                )
             )
+            if same and have is not None:
+                desired = desired.model_copy(update={"issued_at": have.issued_at})
             info = publish_desired(self.conn, self.topics, self.keys, desired, device=device_id, ttl_s=self.ttl_s)
-            self._signed_at[device_id], self._cap_sent[device_id] = time.time(), cap
-            sent = PublishedDesired(device_id, want.bundle_id, want.rollback, desired.issued_at, want.shadow_bundle_id)
-            self._in_flight[device_id] = (sent, info, time.monotonic())
+            self._signed_at[key], self._cap_sent[key] = time.time(), cap
+            sent = PublishedDesired(
+                device_id, want.bundle_id, want.rollback, desired.issued_at, want.shadow_bundle_id, slot, want.remove
+            )
+            self._in_flight[key] = (sent, info, time.monotonic())
         report = SyncReport([], [])
         deadline = time.monotonic() + ACK_TIMEOUT_S
-        acked: list[tuple[str, PublishedDesired | None]] = []
+        acked: list[tuple[SlotKey, PublishedDesired | None]] = []
         try:
-            for device_id, (record, info, _) in list(self._in_flight.items()):
+            for key, (record, info, _) in list(self._in_flight.items()):
                 if not info.is_published():
                     with contextlib.suppress(RuntimeError, ValueError):  # not sent yet (disconnected): paho resends
                         info.wait_for_publish(max(0.0, deadline - time.monotonic()))
                 if info.is_published():
-                    acked.append((device_id, record))
-                    del self._in_flight[device_id]
+                    acked.append((key, record))
+                    del self._in_flight[key]
         finally:
             self.store.set_published_many(acked)  # one transaction for all (5,000 devices after a group change)
-        for device_id, record in acked:
-            (report.published if record else report.cleared).append(device_id)
-            if record:
+        for (device_id, slot), record in acked:
+            name = device_id if slot == DEFAULT_SLOT else f"{device_id}/{slot}"
+            (report.published if record else report.cleared).append(name)
+            if record and record.remove:
+                log.info("desired for %s: slot %s removed", device_id, slot)
+            elif record:
                 shadow = f" (shadow {record.shadow_bundle_id})" if record.shadow_bundle_id else ""
                 rollback = " (rollback)" if record.rollback else ""
-                log.info("desired for %s: %s%s%s", device_id, record.bundle_id, rollback, shadow)
+                log.info("desired for %s slot %s: %s%s%s", device_id, slot, record.bundle_id, rollback, shadow)
             else:
-                log.info("desired for %s cleared", device_id)
+                log.info("desired for %s slot %s cleared", device_id, slot)
         if self._in_flight:
-            first = min(self._in_flight)
+            first = "/".join(min(self._in_flight))
             raise BrokerError(
-                f"the broker did not acknowledge the desired bundle of {len(self._in_flight)} device(s) within "
+                f"the broker did not acknowledge the desired bundle of {len(self._in_flight)} device slot(s) within "
                 f"{ACK_TIMEOUT_S:g} s (first: {first}); the next sync waits for them"
             )
         return report

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from edgefleet.core.messages import DeviceStatus, Event, GenerationStats, Message, OutputScore, Telemetry
+from edgefleet.core.messages import DeviceStatus, Event, GenerationStats, Message, OutputScore, SlotStatus, Telemetry
 from edgefleet.core.topics import check_segment
 
 M = TypeVar("M", bound=Message)
@@ -133,18 +133,17 @@ class Admission:
     def _status(self, s: DeviceStatus) -> DeviceStatus:
         lim = self.limits
         _segment("profile", s.profile)
-        _segment("active bundle", s.active_bundle)
         for kind, values in (("group", s.groups), ("profile", s.accepts_profiles), ("provider", s.providers)):
             _count(kind + "s", values, lim.max_items)
             for value in values:
                 _segment(kind, value)
-        _count("providers not chosen", s.providers_not_chosen, lim.max_items)
+        _count("slots", s.slots, lim.max_items)
+        names = [slot.slot for slot in s.slots]
+        if len(set(names)) != len(names):
+            raise AdmissionError(f"the status names a slot twice ({', '.join(sorted(names))})", "malformed")
         update: dict[str, Any] = {
             "agent_version": _text(s.agent_version, 64),
-            "active_model": _text(s.active_model, 256),
-            "provider_in_use": _text(s.provider_in_use, 128),
-            "provider_summary": _text(s.provider_summary, lim.max_text),
-            "providers_not_chosen": {_name("provider", k): _text(v, 500) for k, v in s.providers_not_chosen.items()},
+            "slots": [self._slot(slot) for slot in s.slots],
             "last_error": _text(s.last_error, lim.max_text),
             "desired_stale": _text(s.desired_stale, lim.max_text),
         }
@@ -153,6 +152,30 @@ class Admission:
             self._cores[s.device_id] = s.hardware.cpu_count
             update["hardware"] = s.hardware.model_copy(
                 update={"arch": _text(s.hardware.arch, 64), "os": _text(s.hardware.os, 128)}
+            )
+        return s.model_copy(update=update)
+
+    def _slot(self, s: SlotStatus) -> SlotStatus:
+        """One slot of a status, bounded as the status's own fields are."""
+        lim = self.limits
+        _segment("active bundle", s.active_bundle)
+        _count("providers not chosen", s.providers_not_chosen, lim.max_items)
+        update: dict[str, Any] = {
+            "active_model": _text(s.active_model, 256),
+            "provider_in_use": _text(s.provider_in_use, 128),
+            "provider_summary": _text(s.provider_summary, lim.max_text),
+            "providers_not_chosen": {_name("provider", k): _text(v, 500) for k, v in s.providers_not_chosen.items()},
+            "last_error": _text(s.last_error, lim.max_text),
+            "refused": _text(s.refused, lim.max_text),
+        }
+        if s.placement is not None:
+            _count("providers not chosen", s.placement.not_chosen, lim.max_items)
+            update["placement"] = s.placement.model_copy(
+                update={
+                    "provider": _text(s.placement.provider, 128) or "",
+                    "summary": _text(s.placement.summary, lim.max_text) or "",
+                    "not_chosen": {_name("provider", k): _text(v, 500) for k, v in s.placement.not_chosen.items()},
+                }
             )
         return s.model_copy(update=update)
 

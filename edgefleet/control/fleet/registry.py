@@ -27,10 +27,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from edgefleet.control.store import FLEET_TARGET, Deployment, DeviceRecord, GroupDef
+from edgefleet.control.store import ANY_PROFILE, FLEET_TARGET, Deployment, DeviceRecord, GroupDef
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.profiles import profile_lineage
-from edgefleet.core.topics import check_segment
+from edgefleet.core.topics import DEFAULT_SLOT, check_segment
 
 _KEY = r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}"
 _VALUE = r"[A-Za-z0-9._:@/-]{0,128}"
@@ -273,16 +273,20 @@ def resolve_desired(
     deployments: Sequence[Deployment],
     groups: Mapping[str, GroupDef],
     member_of: Iterable[str],
+    slot: str = DEFAULT_SLOT,
 ) -> Deployment | None:
-    """The deployment that applies to `device`: device override > highest-priority group > fleet base. At each
-    level the bundle for the device's own profile wins over one for a profile it refines (intel-x86-vnni over
-    generic-x86-64), so the most specific bundle available is the one deployed. The profile is the host
-    registry's (`host_view`)."""
+    """The deployment that applies to one slot of `device`: device override > highest-priority group > fleet
+    base, among the deployments of that slot only (another slot's never decides it). At each level the bundle for
+    the device's own profile wins over one for a profile it refines (intel-x86-vnni over generic-x86-64), so the
+    most specific bundle available is the one deployed; a slot removal (`ANY_PROFILE`) counts as the least
+    specific at its level. The profile is the host registry's (`host_view`)."""
     device = host_view(device)
     if device.profile is None:
         return None
-    chain = profile_lineage(device.profile)
-    mine = sorted((d for d in deployments if d.profile in chain), key=lambda d: chain.index(d.profile))
+    chain = [*profile_lineage(device.profile), ANY_PROFILE]
+    mine = sorted(
+        (d for d in deployments if d.slot == slot and d.profile in chain), key=lambda d: chain.index(d.profile)
+    )
     for deployment in mine:
         if deployment.scope == "device" and deployment.target == device.device_id:
             return deployment

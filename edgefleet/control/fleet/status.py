@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass, field
 
 from edgefleet.control.fleet.quality_view import QualityRow, of_telemetry
-from edgefleet.core.messages import DeviceStatus, MessageError, Telemetry, decode
+from edgefleet.core.messages import DeviceStatus, MessageError, SlotStatus, Telemetry, decode
 from edgefleet.core.mqtt.connection import Connection
-from edgefleet.core.topics import Topics
+from edgefleet.core.topics import DEFAULT_SLOT, Topics
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ def of_generation(tele: Telemetry | None) -> GenerationRow | None:
 
 @dataclass(frozen=True)
 class DeviceRow:
+    """One slot of one device (a device with one model: its default slot; a device with none: one empty row)."""
+
     device_id: str
     online: bool
     state: str
@@ -66,16 +68,21 @@ class DeviceRow:
     status_age_s: float
     quality: QualityRow = field(default_factory=QualityRow)
     generation: GenerationRow | None = None  # devices serving a language model
+    slot: str = DEFAULT_SLOT
+    memory_mb: float | None = None  # what the slot's model holds, measured on the device
+    latency_objective_ms: float | None = None  # a real-time slot's p95 objective
+    refused: str | None = None  # why the device does not run the slot's desired bundle (over its memory budget, ...)
 
 
 class FleetView:
-    """Keeps the latest status and telemetry per device while subscribed; thread-safe snapshots."""
+    """Keeps the latest status per device and telemetry per (device, slot) while subscribed; thread-safe
+    snapshots."""
 
     def __init__(self, conn: Connection, topics: Topics) -> None:
         self.topics = topics
         self._lock = threading.Lock()
         self._status: dict[str, DeviceStatus] = {}
-        self._telemetry: dict[str, Telemetry] = {}
+        self._telemetry: dict[tuple[str, str], Telemetry] = {}
         self.refused = 0
         conn.subscribe(topics.all_status(), self._on_status)
         conn.subscribe(topics.all_telemetry(), self._on_telemetry, qos=0)
@@ -104,13 +111,13 @@ class FleetView:
             log.warning("ignored telemetry on %s: %s", topic, err)
             return
         with self._lock:
-            self._telemetry[device] = telemetry
+            self._telemetry[(device, telemetry.slot)] = telemetry
 
     def statuses(self) -> dict[str, DeviceStatus]:
         with self._lock:
             return dict(self._status)
 
-    def telemetry(self) -> dict[str, Telemetry]:
+    def telemetry(self) -> dict[tuple[str, str], Telemetry]:
         with self._lock:
             return dict(self._telemetry)
 
@@ -118,32 +125,8 @@ class FleetView:
         statuses, telemetry, now = self.statuses(), self.telemetry(), time.time()
         rows = []
         for device, status in sorted(statuses.items()):
-            tele = telemetry.get(device)
-            rows.append(
-                DeviceRow(
-                    device_id=device,
-                    online=status.online,
-                    state=status.state,
-                    profile=status.profile,
-                    bundle=status.active_bundle,
-                    model=status.active_model,
-                    provider=status.provider_in_use,
-                    provider_summary=status.provider_summary,
-                    providers_not_chosen=status.providers_not_chosen,
-                    verified=status.verified,
-                    p50_ms=tele.latency.p50_ms if tele else None,
-                    p95_ms=tele.latency.p95_ms if tele else None,
-                    p99_ms=tele.latency.p99_ms if tele else None,
-                    requests=tele.latency.count if tele else None,
-                    golden_agreement=tele.golden_agreement if tele else None,
-                    cpu_percent=tele.cpu_percent if tele else None,
-                    rss_mb=tele.rss_mb if tele else None,
-                    last_error=status.last_error,
-                    status_age_s=round(now - status.ts, 1),
-                    quality=of_telemetry(tele) if tele else QualityRow(),
-                    generation=of_generation(tele),
-                )
-            )
+            for slot in status.slots or [SlotStatus(slot=DEFAULT_SLOT, state=status.state)]:
+                rows.append(_row(device, status, slot, telemetry.get((device, slot.slot)), now))
         return rows
 
     def wait_for_telemetry(self, timeout: float) -> None:
@@ -151,6 +134,36 @@ class FleetView:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             online = {d for d, s in self.statuses().items() if s.online}
-            if online and online <= set(self.telemetry()):
+            if online and online <= {device for device, _slot in self.telemetry()}:
                 return
             time.sleep(0.1)
+
+
+def _row(device: str, status: DeviceStatus, slot: SlotStatus, tele: Telemetry | None, now: float) -> DeviceRow:
+    return DeviceRow(
+        device_id=device,
+        online=status.online,
+        state=slot.state,
+        profile=status.profile,
+        bundle=slot.active_bundle,
+        model=slot.active_model,
+        provider=slot.provider_in_use,
+        provider_summary=slot.provider_summary,
+        providers_not_chosen=slot.providers_not_chosen,
+        verified=slot.verified,
+        p50_ms=tele.latency.p50_ms if tele else None,
+        p95_ms=tele.latency.p95_ms if tele else None,
+        p99_ms=tele.latency.p99_ms if tele else None,
+        requests=tele.latency.count if tele else None,
+        golden_agreement=tele.golden_agreement if tele else None,
+        cpu_percent=tele.cpu_percent if tele else None,
+        rss_mb=tele.rss_mb if tele else None,
+        last_error=slot.last_error or status.last_error,
+        status_age_s=round(now - status.ts, 1),
+        quality=of_telemetry(tele) if tele else QualityRow(),
+        generation=of_generation(tele),
+        slot=slot.slot,
+        memory_mb=slot.memory_mb,
+        latency_objective_ms=slot.latency_objective_ms,
+        refused=slot.refused,
+    )

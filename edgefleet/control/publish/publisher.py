@@ -26,7 +26,7 @@ from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import BrokerError, BundleError
 from edgefleet.core.messages import BundleOffer, Desired, Transfer
 from edgefleet.core.mqtt.connection import Connection
-from edgefleet.core.topics import Topics
+from edgefleet.core.topics import DEFAULT_SLOT, Topics
 from edgefleet.core.transfer.blocks import DEFAULT_BLOCK_SIZE, iter_blocks, sign_offer
 
 log = logging.getLogger(__name__)
@@ -121,11 +121,14 @@ def deploy(
     keys: HostKeys | None = None,
     ttl_s: float = DEFAULT_TTL_S,
     max_bytes_per_s: int | None = None,
+    slot: str = DEFAULT_SLOT,
 ) -> Desired:
-    """Set the desired bundle (retained, signed by the ops key) for each device and group. `rollback` makes the
-    signed document allow exactly this bundle below the devices' version floor."""
+    """Set the desired bundle of one slot (retained, signed by the ops key) for each device and group; their other
+    slots' documents are not touched. `rollback` makes the signed document allow exactly this bundle below the
+    devices' version floor."""
     keys = keys or HostKeys.default()
     desired = Desired(
+        slot=slot,
         bundle_id=manifest.bundle_id,
         model_name=manifest.model_name,
         model_version=manifest.model_version,

@@ -2,9 +2,9 @@
 
 Retained bundles cost broker memory and disk forever (every version, every recipe). Unpublishing clears a bundle's
 retained offer and the chunks no other retained offer lists (control/publish/chunks.py `unpublish_bundle`). A bundle
-that a retained desired document still names (as the bundle to run, the shadow, or the allowed downgrade) is
-refused: a device that has not fetched it yet would wait for chunks that no longer exist. The documents are read
-unverified: they only decide what to keep, never what a device runs.
+that a retained desired document of any slot still names (as the bundle to run, the shadow, or the allowed
+downgrade) is refused: a device that has not fetched it yet would wait for chunks that no longer exist. The
+documents are read unverified: they only decide what to keep, never what a device runs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from edgefleet.core.topics import Topics
 
 def desired_references(conn: Connection, topics: Topics, timeout: float = READ_TIMEOUT_S) -> dict[str, list[str]]:
     """bundle id -> the retained desired topics that name it (to run, as shadow, or as the allowed downgrade)."""
-    filters = [f"{topics.prefix}/devices/+/desired", f"{topics.prefix}/groups/+/desired"]
+    legacy = [f"{topics.prefix}/devices/+/desired", f"{topics.prefix}/groups/+/desired"]  # not yet migrated
+    filters = [*legacy, *(f + "/+" for f in legacy)]  # every slot's document
     found, complete = read_retained(conn, topics.prefix, filters, timeout)
     if not complete:
         raise BrokerError(f"could not read the retained desired state within {timeout:g} s")

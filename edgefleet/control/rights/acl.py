@@ -5,9 +5,9 @@ certificate: the device id for a device (see `edgefleet.control.credentials.pki`
 plane. Every topic comes from `edgefleet.core.topics.Topics`; a device may
 
 - write its `status`, `telemetry`, `events`, `infer/response/+` and `generate/response/+`;
-- read its own `desired` and `stored`, the `desired` of each of its groups, its `infer/request`,
-  `infer/feedback` and `generate/request`, and the `manifest` and `blocks/+` of the bundles assigned to it and
-  the chunks their offers list (by name), and nothing else.
+- read its own `desired/+` (every slot's document) and `stored`, the `desired/+` of each of its groups, its
+  `infer/request`, `infer/feedback` and `generate/request`, and the `manifest` and `blocks/+` of the bundles
+  assigned to it and the chunks their offers list (by name), and nothing else.
 
 Host users read and write everything under the prefix. Lines outside a `user` block would apply to every
 client, anonymous ones included, so there are none. Assigning a bundle to a device means rendering the file
@@ -68,8 +68,8 @@ def device_rules(
         _any_last_level(topics.generate_response(device_id, "x")),
         _any_last_level(topics.benchmark_result(device_id, "x")),
     )
-    read = [topics.device_desired(device_id)]
-    read += [topics.group_desired(g) for g in group_list]
+    read = [topics.device_desired_slots(device_id)]  # every slot's document (`.../desired/+`)
+    read += [topics.group_desired_slots(g) for g in group_list]
     read += [topics.infer_request(device_id), topics.infer_feedback(device_id), topics.benchmark_request(device_id)]
     read += [topics.generate_request(device_id)]  # a language model's streamed answers (core/generation_messages.py)
     read += [topics.stored(device_id)]  # what the control plane stored of its reports (its spool prunes to it)

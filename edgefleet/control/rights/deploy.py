@@ -26,7 +26,7 @@ from edgefleet.control.rights.documents import load_root, read_documents
 from edgefleet.control.rights.dynsec import DEVICE_ROLE_PREFIX, Acl, granted_acls, is_granted
 from edgefleet.control.rights.sync import DynsecRights, RightsMode, open_rights
 from edgefleet.core.mqtt.connection import Connection
-from edgefleet.core.topics import Topics
+from edgefleet.core.topics import DEFAULT_SLOT, Topics
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class DeployGrant:
 
 def group_members(rights: DynsecRights, groups: Iterable[str]) -> set[str]:
     """Devices whose role may read one of these groups' desired topics (the broker's own view of membership)."""
-    wanted = {rights.topics.group_desired(g) for g in groups}
+    wanted = {rights.topics.group_desired_slots(g) for g in groups}
     if not wanted:
         return set()
     (reply,) = rights.client.check([{"command": "listRoles", "verbose": True, "count": -1, "offset": 0}])
@@ -67,6 +67,7 @@ def grant_deploy(
     groups: Iterable[str] = (),
     mode: RightsMode = "auto",
     keys: HostKeys | None = None,
+    slot: str = DEFAULT_SLOT,
 ) -> DeployGrant:
     """Let the named devices and the groups' members read `bundle_id` (see the module docstring)."""
     rights = open_rights(conn, topics, mode)
@@ -81,7 +82,9 @@ def grant_deploy(
         its_groups = sorted(
             {a.topic[len(group_prefix) :].split("/")[0] for a in have if a.topic.startswith(group_prefix)}
         )
-        bundles = documents.named_for(device_id, its_groups, skip_own=device_id in named, skip_groups=deployed_groups)
+        bundles = documents.named_for(
+            device_id, its_groups, skip_own=device_id in named, skip_groups=deployed_groups, slot=slot
+        )
         base = frozenset(a for a in have if not is_granted(topics, a))
         return base | granted_acls(topics, its_groups, sorted(bundles | {bundle_id}))
 

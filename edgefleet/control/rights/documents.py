@@ -11,9 +11,11 @@ from here, so neither takes back what the other's documents still name:
 
 A document counts only as a device would count it: signed by an ops key of a key set the host's pinned root
 signed (`root.pub` in the key directory), bound to the topic it sits on (`device:ID`, `group:NAME`), and not
-older (counter) than the document already known for that topic. A payload a device would refuse (unsigned,
-forged, replayed, an empty message) leaves the known document in force, as the device keeps it in force. A
-signed clear names nothing. Expiry does not matter here: a device keeps running what a stale document named.
+older (counter) than the document already known for that topic. Each slot of a target has its own document
+(`.../desired/{slot}`), so a device must be able to read what every slot's document names. A payload a device
+would refuse (unsigned, forged, replayed, an empty message) leaves the known document in force, as the device keeps
+it in force. A signed clear, or a slot removal, names nothing. Expiry does not matter here: a device keeps
+running what a stale document named.
 
 Rollback: a device's local rollback loads a bundle it holds on disk (re-verified, `load_installed`) and fetches
 nothing. A fleet rollback is a signed document naming the older bundle (`allow_downgrade_to`), so its rights are
@@ -34,7 +36,7 @@ from edgefleet.control.broker.retained import read_retained
 from edgefleet.core.errors import BrokerError, SignatureError, UserInputError
 from edgefleet.core.messages import Desired, MessageError, SignedDesired, decode
 from edgefleet.core.mqtt.connection import Connection
-from edgefleet.core.topics import Topics
+from edgefleet.core.topics import DEFAULT_SLOT, Topics
 from edgefleet.core.trust.keyset import verify_keyset, verify_payload
 from edgefleet.core.trust.signing import TrustedKeys
 
@@ -55,24 +57,24 @@ class Named:
 
 @dataclass(frozen=True)
 class DesiredDocuments:
-    """The retained documents in force: device id -> its own document, group -> the group's."""
+    """The retained documents in force: (device id, slot) -> its own document, (group, slot) -> the group's."""
 
-    devices: Mapping[str, Named] = field(default_factory=dict)
-    groups: Mapping[str, Named] = field(default_factory=dict)
+    devices: Mapping[tuple[str, str], Named] = field(default_factory=dict)
+    groups: Mapping[tuple[str, str], Named] = field(default_factory=dict)
 
     def named_for(
-        self, device_id: str, groups: Iterable[str], *, skip_own: bool = False, skip_groups: Iterable[str] = ()
-    ) -> frozenset[str]:
-        """Every bundle a document this device obeys names: its own and its `groups'` (except those skipped,
-        the ones a deploy is about to replace)."""
+        self, device_id: str, groups: Iterable[str], *, skip_own: bool = False, skip_groups: Iterable[str] = (),
+        slot: str = DEFAULT_SLOT,
+    ) -> frozenset[str]:  # fmt: skip
+        """Every bundle a document this device obeys names, in every slot: its own and its `groups'` (except, in
+        `slot`, those skipped: the ones a deploy to that slot is about to replace)."""
         named: set[str] = set()
-        own = self.devices.get(device_id)
-        if own is not None and not skip_own:
-            named |= own.bundles
-        skipped = set(skip_groups)
-        for group in groups:
-            document = self.groups.get(group)
-            if document is not None and group not in skipped:
+        member, skipped = set(groups), set(skip_groups)
+        for (target, its_slot), own in self.devices.items():
+            if target == device_id and not (skip_own and its_slot == slot):
+                named |= own.bundles
+        for (group, its_slot), document in self.groups.items():
+            if group in member and not (group in skipped and its_slot == slot):
                 named |= document.bundles
         return frozenset(named)
 
@@ -86,17 +88,20 @@ def load_root(path: Path) -> TrustedKeys | None:
         return None
 
 
-def _target(topics: Topics, topic: str) -> tuple[str, str] | None:
-    """('device' | 'group', name) of a desired topic, None for any other topic."""
+def _target(topics: Topics, topic: str) -> tuple[str, str, str] | None:
+    """('device' | 'group', name, slot) of a per-slot desired topic, None for any other topic (a legacy one too:
+    devices no longer read it)."""
     parts = topic.split("/")
     prefix = topics.prefix.split("/")
-    if len(parts) != len(prefix) + 3 or parts[: len(prefix)] != prefix or parts[-1] != "desired":
+    if len(parts) != len(prefix) + 4 or parts[: len(prefix)] != prefix or parts[-2] != "desired":
         return None
-    kind, name = parts[len(prefix)], parts[len(prefix) + 1]
+    kind, name, slot = parts[len(prefix)], parts[len(prefix) + 1], topics.desired_slot_of(topic)
+    if slot is None:
+        return None
     if kind == "devices":
-        return "device", name
+        return "device", name, slot
     if kind == "groups":
-        return "group", name
+        return "group", name, slot
     return None
 
 
@@ -115,9 +120,9 @@ def verified_named(topics: Topics, topic: str, payload: bytes, root: TrustedKeys
     except (MessageError, SignatureError, ValueError) as err:
         log.debug("retained document on %s does not count for rights: %s", topic, err)
         return None
-    if desired.target != f"{target[0]}:{target[1]}":
+    if desired.target != f"{target[0]}:{target[1]}" or desired.slot != target[2]:
         return None
-    if desired.clear:
+    if desired.clear or desired.remove:
         return Named(desired.counter, frozenset())
     return Named(desired.counter, frozenset(b for b in (getattr(desired, f) for f in NAMED_FIELDS) if b))
 
@@ -153,19 +158,19 @@ class DocumentsInForce:
                 self._named[topic] = named
 
     def snapshot(self) -> DesiredDocuments:
-        devices: dict[str, Named] = {}
-        groups: dict[str, Named] = {}
+        devices: dict[tuple[str, str], Named] = {}
+        groups: dict[tuple[str, str], Named] = {}
         with self._lock:
             items = list(self._named.items())
         for topic, named in items:
             target = _target(self.topics, topic)
             if target is not None:
-                (devices if target[0] == "device" else groups)[target[1]] = named
+                (devices if target[0] == "device" else groups)[(target[1], target[2])] = named
         return DesiredDocuments(devices, groups)
 
 
 def _filters(topics: Topics) -> list[str]:
-    return [f"{topics.prefix}/devices/+/desired", f"{topics.prefix}/groups/+/desired"]
+    return [f"{topics.prefix}/devices/+/desired/+", f"{topics.prefix}/groups/+/desired/+"]
 
 
 def read_documents(

@@ -11,8 +11,9 @@ Roles (all topics from `edgefleet.core.topics.Topics`):
   receive, shared subscriptions too) and the plugin's own `$CONTROL/dynamic-security/v1` topics, so the
   control plane can grant and revoke;
 - `edgefleet-device-ID`, one per device, held only by the client ID: its *base* rights (write its own status,
-  telemetry, events and inference answers; read its own desired topic and inference requests) plus the rights
-  the control plane grants and revokes as deployments change: the `desired` topic of each group the host
+  telemetry, events and inference answers; read its own desired topics, one per slot (`desired/+`), and inference
+  requests) plus the rights the control plane grants and revokes as deployments change: the `desired/+` topics of
+  each group the host
   registry puts it in, the offer and blocks of each bundle it is asked to install, and (with any bundle) chunks
   by name (`chunk_acls`).
 
@@ -69,7 +70,7 @@ def base_acls(topics: Topics, device_id: str) -> list[Acl]:
         topics.benchmark_results(device_id),
     ]
     acls = [Acl("publishClientSend", topic) for topic in write]
-    acls += _read(topics.device_desired(device_id))
+    acls += _read(topics.device_desired_slots(device_id), pattern=True)  # every slot's document
     acls += _read(topics.infer_request(device_id))
     acls += _read(topics.infer_feedback(device_id))  # field-accuracy feedback on MQTT request/response
     acls += _read(topics.generate_request(device_id))  # a language model's requests; answers stream as chunks
@@ -89,7 +90,7 @@ def chunk_acls(topics: Topics) -> list[Acl]:
 
 
 def group_acls(topics: Topics, group: str) -> list[Acl]:
-    return _read(topics.group_desired(group))
+    return _read(topics.group_desired_slots(group), pattern=True)
 
 
 def bundle_acls(topics: Topics, bundle_id: str) -> list[Acl]:

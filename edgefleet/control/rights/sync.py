@@ -260,10 +260,11 @@ class DynsecRights:
 
 
 def device_grants(
-    store: Store, plan: Mapping[str, Deployment | None], named: DesiredDocuments | None = None
+    store: Store, plan: Mapping[tuple[str, str], Deployment | None], named: DesiredDocuments | None = None
 ) -> dict[str, DeviceGrant]:
     """Each known device's grant: the groups the host registry puts it in, and the bundles of its resolved
-    deployment (`plan`, from `desired.plan_desired`, with the shadow it names) plus every bundle a retained signed
+    deployment of every slot (`plan`, (device, slot) -> deployment, from `desired.plan_desired`, with the shadow
+    each names) plus every bundle a retained signed
     desired document it obeys names (`named`, broker_rights_named.py: what `edgefleet deploy` published, or an
     earlier plan still in force). A device the registry has not enrolled (`devices enroll`) gets no group and no
     plan: what it says about itself (profile, `--group`) never opens a topic on the broker; only a document signed
@@ -271,10 +272,13 @@ def device_grants(
     devices = [d if enrolled(d) else replace(d, groups=()) for d in store.devices() if not revoked(d)]
     member = memberships(store.groups(), devices)
     grants = {}
+    wanted: dict[str, set[str]] = {}
+    for (device_id, _slot), want in plan.items():
+        if want is not None:
+            wanted.setdefault(device_id, set()).update(b for b in (want.bundle_id, want.shadow_bundle_id) if b)
     for device in devices:
-        want = plan.get(device.device_id) if enrolled(device) else None
         groups = frozenset(member.get(device.device_id, ()))
-        bundles = {b for b in (want.bundle_id, want.shadow_bundle_id) if b} if want else set()
+        bundles = set(wanted.get(device.device_id, ())) if enrolled(device) else set()
         if named is not None:
             bundles |= named.named_for(device.device_id, groups)
         grants[device.device_id] = DeviceGrant(device.device_id, groups=groups, bundles=frozenset(bundles))

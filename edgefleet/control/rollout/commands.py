@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from edgefleet.control.fleet.registry import EmptyGroupError
+from edgefleet.control.rollout.judge.bundle_facts import BundleFacts
+from edgefleet.control.rollout.memory import memory_refusal
 from edgefleet.control.rollout.plan import (
     BundleRef,
     DeviceProgress,
@@ -23,9 +26,10 @@ from edgefleet.control.rollout.plan import (
     plan_waves,
 )
 from edgefleet.control.rollout.targets import Targets, group_choices, plan_targets
-from edgefleet.control.store import RolloutRow, Store
+from edgefleet.control.store import DeviceRecord, RolloutRow, Store
 from edgefleet.core.bundle.manifest import Manifest
-from edgefleet.core.errors import UnknownNameError
+from edgefleet.core.errors import UnknownNameError, UserInputError
+from edgefleet.core.profiles import get_profile
 from edgefleet.core.untrusted import safe_text
 
 
@@ -60,6 +64,35 @@ def load_doc(row: RolloutRow) -> RolloutDoc:
     return RolloutDoc.model_validate_json(row.doc)
 
 
+def memory_refusals(store: Store, spec: RolloutSpec, members: Sequence[DeviceRecord]) -> list[tuple[str, str]]:
+    """(device, why) for each member whose other slots leave too little of its profile's memory budget for the
+    rollout's bundle (memory.py)."""
+    cache: dict[str, BundleFacts | None] = {}
+
+    def facts(bundle_id: str) -> BundleFacts | None:
+        if bundle_id not in cache:
+            text = store.bundle_facts(bundle_id)
+            try:
+                cache[bundle_id] = BundleFacts.model_validate_json(text) if text else None
+            except ValidationError:  # written by another version: as if there were none
+                cache[bundle_id] = None
+        return cache[bundle_id]
+
+    refusals = []
+    for device in members:
+        bundle = spec.bundle_for(device.profile)
+        if bundle is None or device.profile is None:
+            continue
+        try:
+            budget = get_profile(device.profile).memory_budget_mb
+        except UserInputError:
+            continue  # a profile this host does not know: planning said so already
+        why = memory_refusal(device, spec.slot, bundle.bundle_id, budget, facts)
+        if why is not None:
+            refusals.append((device.device_id, why))
+    return refusals
+
+
 def prepare_rollout(store: Store, spec: RolloutSpec, *, now: float | None = None) -> RolloutDoc:
     """Check the rollout against the host's records, plan its waves and save it (state pending).
 
@@ -77,10 +110,19 @@ def prepare_rollout(store: Store, spec: RolloutSpec, *, now: float | None = None
             f"{len(mismatched)} device(s) of group {spec.group!r} have a profile no bundle is built for: "
             f"{listed}{more}; the bundles are for {', '.join(sorted(b.profile for b in spec.bundles))}"
         )
+    refusals = memory_refusals(store, spec, members)
+    if refusals:
+        listed = "; ".join(f"{device}: {why}" for device, why in refusals[:5])
+        more = f" and {len(refusals) - 5} more" if len(refusals) > 5 else ""
+        raise RolloutSpecError(
+            f"{len(refusals)} device(s) of group {spec.group!r} cannot hold the bundle in slot {spec.slot!r}: "
+            f"{listed}{more}"
+        )
     wanted = {d.device_id for d in members}
     history = [load_doc(row) for row in store.rollouts()]
     for other in history:
-        busy = sorted(wanted & set(other.devices)) if other.active else []
+        # Another slot's rollout may run beside this one (the neighbour guardrail watches the pair).
+        busy = sorted(wanted & set(other.devices)) if other.active and other.spec.slot == spec.slot else []
         if busy:
             raise RolloutSpecError(
                 f"rollout {other.id} ({other.state}) still holds {len(busy)} of these devices ({', '.join(busy[:5])}); "
@@ -111,7 +153,8 @@ def prepare_rollout(store: Store, spec: RolloutSpec, *, now: float | None = None
         doc.shadow = ShadowProgress(devices={d: ShadowDevice(device_id=d) for d in plan[0]})
     if spec.allow_unjudged:
         doc.note(now, f"the operator allows unjudged: {', '.join(spec.allow_unjudged)} (no data: passes, not fails)")
-    doc.note(now, f"planned {len(members)} devices of {spec.group} in waves of {', '.join(str(len(w)) for w in plan)}")
+    waves = ", ".join(str(len(w)) for w in plan)
+    doc.note(now, f"planned slot {spec.slot} of {len(members)} devices of {spec.group} in waves of {waves}")
     if targets.left_out:
         doc.note(now, f"left out {len(targets.left_out)} device(s) the host's records do not put in {spec.group}: "
                  + "; ".join(f"{d}: {r}" for d, r in sorted(targets.left_out.items())[:5]))  # fmt: skip

@@ -36,12 +36,13 @@ from edgefleet.control.rollout.commands import bundle_ref, load_doc, make_spec, 
 from edgefleet.control.rollout.finish import rolling_back, start_rollback, succeed
 from edgefleet.control.rollout.install_evidence import EvidenceReader, golden_reports
 from edgefleet.control.rollout.judge.basis import judge_on_basis
+from edgefleet.control.rollout.judge.neighbours import neighbour_breach
 from edgefleet.control.rollout.judge.plausibility import judge_evidence
 from edgefleet.control.rollout.judge.wave import Metrics, breached, pending, settle, summarize
 from edgefleet.control.rollout.plan import ACTIVE_STATES, FAILED_STATES, DeviceProgress, RolloutDoc, Tick, WaveProgress
 from edgefleet.control.rollout.shadow import shadow_step, stop_shadow
 from edgefleet.control.rollout.targets import rollback_target
-from edgefleet.control.store import BundleRecord, Deployment, EventRecord, FencedOut, RolloutRow, Store
+from edgefleet.control.store import BundleRecord, Deployment, DeviceRecord, EventRecord, FencedOut, RolloutRow, Store
 from edgefleet.core.topics import check_segment
 from edgefleet.core.untrusted import safe_text
 
@@ -58,6 +59,9 @@ def _an_id(value: str | None) -> bool:
         return value is not None and bool(check_segment("bundle id", value))
     except ValueError:
         return False
+
+
+NEIGHBOUR_BEFORE_S = 60.0  # at least this much of a neighbour slot's reports before the install tells where it was
 
 
 class RolloutEngine:
@@ -234,13 +238,14 @@ class RolloutEngine:
             return
         progress.profile = record.profile
         progress.target_bundle = bundle.bundle_id
-        claimed = record.active_bundle  # the device's word: measured on, never signed into a document
+        slot = record.slot(doc.spec.slot)  # the rolled-out slot; the device's other slots are not this rollout's
+        claimed = slot.active_bundle if slot else None  # the device's word: measured on, never signed into a document
         progress.reported_bundle = claimed
         target = rollback_target(claimed, record.profile, self._published(claimed), self._committed(device_id, claimed))
         progress.previous_bundle = target.bundle.bundle_id if target.bundle else None
         progress.previous_model = f"{target.bundle.model_name}@{target.bundle.model_version}" if target.bundle else None
         progress.rollback_note = target.reason
-        if claimed == bundle.bundle_id and record.verified and self._committed(device_id, claimed):
+        if claimed == bundle.bundle_id and slot and slot.verified and self._committed(device_id, claimed):
             progress.state, progress.installed_at = "installed", record.status_ts
             progress.deployed_at, progress.already_ran = ctx.now, True
             progress.reason = "already ran the bundle"
@@ -288,7 +293,7 @@ class RolloutEngine:
                     Deployment(
                         scope="device", target=progress.device_id, profile=progress.profile,
                         bundle_id=bundle.bundle_id, model_name=bundle.model_name, model_version=bundle.model_version,
-                        source=f"rollout:{doc.id}", updated_at=ctx.now,
+                        source=f"rollout:{doc.id}", updated_at=ctx.now, slot=doc.spec.slot,
                     )
                 )  # fmt: skip
                 progress.state, progress.deployed_at = "deploying", ctx.now
@@ -302,11 +307,12 @@ class RolloutEngine:
         measured_on = progress.reported_bundle  # what it runs: its reports are tagged with that
         if measured_on is None or timing.baseline_s <= 0:
             return None
-        latest = ctx.latest.get(progress.device_id)
+        slot = doc.spec.slot
+        latest = ctx.latest.get((progress.device_id, slot))
         anchor = max(latest.ts if latest else 0.0, ctx.now)
         since = anchor - timing.baseline_s
-        points = self.store.telemetry(progress.device_id, since - 1, bundle_id=measured_on)
-        quality = self.store.quality(progress.device_id, since - 1, bundle_id=measured_on)
+        points = self.store.telemetry(progress.device_id, since - 1, bundle_id=measured_on, slot=slot)
+        quality = self.store.quality(progress.device_id, since - 1, bundle_id=measured_on, slot=slot)
         progress.baseline = summarize(
             points, bundle_id=measured_on, since=since, fresh_since=None,
             min_fresh_share=doc.spec.thresholds.min_fresh_share, quality=quality,
@@ -327,6 +333,7 @@ class RolloutEngine:
                 and progress.wave == wave.index
                 and event.kind in FAILING_EVENTS
                 and event.bundle_id == progress.target_bundle
+                and event.slot in (None, doc.spec.slot)
                 and event.device_id not in found
             ):
                 found[event.device_id] = event
@@ -356,12 +363,16 @@ class RolloutEngine:
     ) -> None:
         timeout = doc.spec.timing.install_timeout_s
         record = ctx.devices.get(progress.device_id)
+        slot = record.slot(doc.spec.slot) if record else None
         if event is not None:
             progress.state = "refused" if event.kind == "refused" else "failed"
             progress.reason = f"{event.kind}: {safe_text(event.detail, 300)}"
+        elif slot is not None and slot.refused and record and record.online:
+            progress.state = "refused"
+            progress.reason = f"refused: {safe_text(slot.refused, 300)}"
         elif (
-            record and record.online and progress.target_bundle is not None
-            and record.active_bundle == progress.target_bundle and record.verified
+            record and record.online and slot and progress.target_bundle is not None
+            and slot.active_bundle == progress.target_bundle and slot.verified
         ):  # fmt: skip
             committed = self._commit_ts(progress.device_id, progress.target_bundle, (progress.deployed_at or 0) - 1)
             progress.state, progress.installed_at = "installed", committed or record.status_ts
@@ -398,13 +409,13 @@ class RolloutEngine:
         if event is not None:
             progress.state, progress.reason = "failed", f"{event.kind}: {safe_text(event.detail, 300)}"
             return
-        if record is not None and record.online and record.active_bundle != progress.target_bundle:
+        if record is not None and record.online and record.running(spec.slot) != progress.target_bundle:
             progress.state = "failed"
-            progress.reason = f"left the bundle: now runs {safe_text(record.active_bundle, 80)}"
+            progress.reason = f"left the bundle: now runs {safe_text(record.running(spec.slot), 80)}"
             return
         installed = progress.installed_at or 0.0
-        points = self.store.telemetry(device_id, installed - 1, bundle_id=progress.target_bundle)
-        quality = self.store.quality(device_id, installed - 1, bundle_id=progress.target_bundle)
+        points = self.store.telemetry(device_id, installed - 1, bundle_id=progress.target_bundle, slot=spec.slot)
+        quality = self.store.quality(device_id, installed - 1, bundle_id=progress.target_bundle, slot=spec.slot)
         observed = summarize(
             points, bundle_id=progress.target_bundle, since=installed, fresh_since=installed,
             min_fresh_share=spec.thresholds.min_fresh_share, quality=quality,
@@ -436,7 +447,10 @@ class RolloutEngine:
         progress.observed, progress.findings = observed, findings
         bad = breached(findings)
         enough = observed.reports >= spec.timing.min_reports
-        if bad and (enough or elapsed < deadline):
+        starved = self._starved_neighbour(doc, progress, record)
+        if starved is not None:
+            progress.state, progress.reason = "failed", starved
+        elif bad and (enough or elapsed < deadline):
             progress.state, progress.reason = "failed", "; ".join(f.detail for f in bad)
         elif elapsed >= spec.timing.observe_s and enough and not pending(findings):
             progress.state = "passed"
@@ -447,6 +461,28 @@ class RolloutEngine:
                 f"{observed.reports} telemetry report(s) on {progress.target_bundle} after "
                 f"{elapsed:.0f} s; {spec.timing.min_reports} needed"
             )
+
+    def _starved_neighbour(self, doc: RolloutDoc, progress: DeviceProgress, record: DeviceRecord | None) -> str | None:
+        """The neighbour guardrail (judge/neighbours.py): why the new bundle of this slot pushed another slot of
+        the device outside its latency objective, or None."""
+        if record is None or progress.installed_at is None:
+            return None
+        spec, installed = doc.spec, progress.installed_at
+        window = max(spec.timing.baseline_s, spec.timing.observe_s, NEIGHBOUR_BEFORE_S)
+        bundle = spec.bundle_for(progress.profile)
+        arrived = f"{spec.slot} v{bundle.model_version}" if bundle else f"{spec.slot} {progress.target_bundle}"
+        for neighbour in record.slots:
+            objective = neighbour.latency_objective_ms
+            if neighbour.slot == spec.slot or objective is None:
+                continue
+            before = self.store.telemetry(progress.device_id, installed - window, installed, slot=neighbour.slot)
+            after = self.store.telemetry(progress.device_id, installed, slot=neighbour.slot)
+            why = neighbour_breach(
+                neighbour.slot, objective, before, after, arrived, min_reports=spec.timing.min_reports
+            )
+            if why is not None:
+                return why
+        return None
 
     def _too_many_failures(self, doc: RolloutDoc, wave: WaveProgress, ctx: Tick) -> bool:
         failed = [doc.devices[d] for d in wave.devices if doc.devices[d].state in FAILED_STATES]

@@ -1,4 +1,5 @@
-"""How a rollout ends: the new bundles become the group's deployment, or every device it touched goes back."""
+"""How a rollout ends: the new bundles become the group's deployment of the rollout's slot, or every device it
+touched goes back in that slot. The devices' other slots are never touched."""
 
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ def succeed(store: Store, doc: RolloutDoc, ctx: Tick) -> None:
             Deployment(
                 scope="group", target=doc.spec.group, profile=bundle.profile, bundle_id=bundle.bundle_id,
                 model_name=bundle.model_name, model_version=bundle.model_version, source=source,
-                updated_at=ctx.now,
+                updated_at=ctx.now, slot=doc.spec.slot,
             )
         )  # fmt: skip
     pins = [d for d in store.deployments() if d.scope == "device" and d.source == source]
     for pin in pins:
-        store.delete_deployment("device", pin.target, pin.profile)
+        store.delete_deployment("device", pin.target, pin.profile, pin.slot)
     plan = plan_desired(store)
     for pin in pins:  # keep a pin where another (higher-priority) group would now win
-        resolved = plan.get(pin.target)
+        resolved = plan.get((pin.target, pin.slot))
         if resolved is None or resolved.bundle_id != pin.bundle_id:
             store.put_deployment(pin)
     ctx.desired_changed = True
@@ -48,7 +49,7 @@ def start_rollback(store: Store, doc: RolloutDoc, ctx: Tick, ends_as: RolloutSta
             continue
         known = store.bundle(progress.previous_bundle) if progress.previous_bundle is not None else None
         if known is None:
-            store.delete_deployment("device", progress.device_id, progress.profile)
+            store.delete_deployment("device", progress.device_id, progress.profile, doc.spec.slot)
             why = progress.rollback_note or (
                 f"{progress.previous_bundle} is not a bundle the store published" if progress.previous_bundle
                 else "ran no bundle before the rollout, so there is nothing to return to"
@@ -63,7 +64,7 @@ def start_rollback(store: Store, doc: RolloutDoc, ctx: Tick, ends_as: RolloutSta
             Deployment(
                 scope="device", target=progress.device_id, profile=progress.profile, bundle_id=known.bundle_id,
                 model_name=known.model_name, model_version=known.model_version, rollback=True,
-                source=f"rollback:{doc.id}", updated_at=now,
+                source=f"rollback:{doc.id}", updated_at=now, slot=doc.spec.slot,
             )
         )  # fmt: skip
         changed = True
@@ -84,7 +85,7 @@ def rolling_back(doc: RolloutDoc, ctx: Tick) -> None:
         if progress.state != "rolling-back":
             continue
         record = ctx.devices.get(progress.device_id)
-        if record is not None and record.active_bundle == progress.previous_bundle and record.online:
+        if record is not None and record.running(doc.spec.slot) == progress.previous_bundle and record.online:
             progress.state = "rolled-back"
         elif ctx.now - (progress.rollback_at or ctx.now) > timeout:
             progress.state = "rollback-timed-out"

@@ -23,7 +23,7 @@ from edgefleet.control.rollout.judge.evidence import JUDGED, Criterion, Finding,
 from edgefleet.control.store import DeviceRecord, TelemetryPoint
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.profiles import profile_lineage
-from edgefleet.core.topics import check_segment
+from edgefleet.core.topics import DEFAULT_SLOT, check_segment, check_slot
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
 
@@ -92,6 +92,11 @@ class ShadowPhase(Frozen):
 
 class RolloutSpec(Frozen):
     group: str
+    slot: str = Field(
+        default=DEFAULT_SLOT,
+        description="the one slot (model) of the group's devices the rollout replaces; their other slots are left "
+        "alone. A rollout stored before slots reads as the default slot.",
+    )
     bundles: list[BundleRef] = Field(min_length=1)
     canary: str = Field(default="1", description="first wave: a device count or a percentage of the group")
     waves: list[str] = Field(default_factory=lambda: ["25%", "50%", "100%"], description="cumulative sizes")
@@ -108,6 +113,11 @@ class RolloutSpec(Frozen):
     @classmethod
     def _group(cls, value: str) -> str:
         return check_segment("group", value)
+
+    @field_validator("slot")
+    @classmethod
+    def _slot(cls, value: str) -> str:
+        return check_slot(value)
 
     @model_validator(mode="after")
     def _sense(self) -> RolloutSpec:
@@ -318,7 +328,7 @@ class Tick:
 
     now: float
     devices: dict[str, DeviceRecord]
-    latest: dict[str, TelemetryPoint]
+    latest: dict[tuple[str, str], TelemetryPoint]  # (device, slot) -> its latest report
     desired_changed: bool = False
 
 

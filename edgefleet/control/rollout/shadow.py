@@ -59,7 +59,7 @@ def stop_shadow(store: Store, doc: RolloutDoc, ctx: Tick) -> None:
     """Drop the shadow pins: each device's desired state resolves as before the phase, without the shadow."""
     for pin in store.deployments():
         if pin.scope == "device" and pin.source == source(doc):
-            store.delete_deployment("device", pin.target, pin.profile)
+            store.delete_deployment("device", pin.target, pin.profile, pin.slot)
             ctx.desired_changed = True
 
 
@@ -72,21 +72,22 @@ def _start(store: Store, doc: RolloutDoc, ctx: Tick) -> None:
         if record is None or bundle is None or record.profile is None:
             device.state, device.reason = "failed", "no bundle in this rollout fits the device's profile"
             continue
-        if record.active_bundle is None:
+        slot = record.slot(doc.spec.slot)
+        if slot is None or slot.active_bundle is None:
             device.state, device.reason = "failed", "serves no bundle, so a shadow has nothing to be compared with"
             continue
-        known = store.bundle(record.active_bundle)
-        name, _, version = (record.active_model or "").rpartition("@")
+        known = store.bundle(slot.active_bundle)
+        name, _, version = (slot.active_model or "").rpartition("@")
         if known is not None:
             name, version = known.model_name, known.model_version
         store.put_deployment(
             Deployment(
-                scope="device", target=device.device_id, profile=record.profile, bundle_id=record.active_bundle,
+                scope="device", target=device.device_id, profile=record.profile, bundle_id=slot.active_bundle,
                 model_name=name or bundle.model_name, model_version=version or "0", source=source(doc),
-                updated_at=ctx.now, shadow_bundle_id=bundle.bundle_id,
+                updated_at=ctx.now, shadow_bundle_id=bundle.bundle_id, slot=doc.spec.slot,
             )
         )  # fmt: skip
-        device.state, device.served_bundle = "running", record.active_bundle
+        device.state, device.served_bundle = "running", slot.active_bundle
         ctx.desired_changed = True
     phase.state, phase.started_at = "running", ctx.now
     doc.note(ctx.now, f"shadow phase: {len(phase.devices)} canary device(s) run the candidate beside their bundle")
@@ -97,17 +98,22 @@ def _judge(store: Store, doc: RolloutDoc, device: ShadowDevice, elapsed: float, 
     assert phase is not None and spec is not None and phase.started_at is not None
     record = ctx.devices.get(device.device_id)
     candidate = doc.spec.bundle_for(record.profile if record else None)
-    if record is not None and record.online and record.active_bundle != device.served_bundle:
-        device.state, device.reason = "failed", f"left the bundle it served: now runs {record.active_bundle}"
+    slot = doc.spec.slot
+    if record is not None and record.online and record.running(slot) != device.served_bundle:
+        device.state, device.reason = "failed", f"left the bundle it served: now runs {record.running(slot)}"
         return
     since = phase.started_at
     reports = [
         q.shadow
-        for q in store.quality(device.device_id, since, bundle_id=device.served_bundle)
+        for q in store.quality(device.device_id, since, bundle_id=device.served_bundle, slot=slot)
         if q.shadow is not None and candidate is not None and q.shadow.bundle_id == candidate.bundle_id
     ]
     latest = reports[-1] if reports else None
-    served = [p.p95_ms for p in store.telemetry(device.device_id, since, bundle_id=device.served_bundle) if p.p95_ms]
+    served = [
+        p.p95_ms
+        for p in store.telemetry(device.device_id, since, bundle_id=device.served_bundle, slot=slot)
+        if p.p95_ms
+    ]
     served_p95 = statistics.median(served) if served else None
     findings = judge_shadow(
         latest, served_p95, min_requests=spec.min_requests, min_agreement=spec.min_agreement,

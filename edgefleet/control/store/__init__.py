@@ -23,6 +23,7 @@ from edgefleet.control.store.quality import Quality
 from edgefleet.control.store.quality_alerts import band_rank
 from edgefleet.control.store.quota import QuotaCut
 from edgefleet.control.store.records import (
+    ANY_PROFILE,
     FLEET_TARGET,
     AlertLevel,
     AlertRecord,
@@ -43,6 +44,7 @@ from edgefleet.control.store.records import (
     RolloutRow,
     Scope,
     SeriesPoint,
+    SlotKey,
     TelemetryPoint,
 )
 from edgefleet.control.store.reports import WRITE_MS_COUNTER, Reports, write_ms_quantile
@@ -50,6 +52,7 @@ from edgefleet.control.store.rollouts import Rollouts
 from edgefleet.control.store.store import Repositories, Store
 
 __all__ = [
+    "ANY_PROFILE",
     "FLEET_TARGET",
     "WRITE_MS_COUNTER",
     "AlertLevel",
@@ -81,6 +84,7 @@ __all__ = [
     "Rollouts",
     "Scope",
     "SeriesPoint",
+    "SlotKey",
     "Store",
     "StoreError",
     "TelemetryPoint",

@@ -11,13 +11,13 @@ from typing import Any, Protocol
 from edgefleet.control.store.records import DeviceRecord, GroupDef
 from edgefleet.control.store.sql.database import Database, unit_of_work
 from edgefleet.core.errors import UnknownNameError
-from edgefleet.core.messages import DeviceStatus
+from edgefleet.core.messages import DeviceStatus, SlotStatus
 
 _DEVICE_COLUMNS = (
-    "device_id, online, state, profile, groups_json, labels_json, agent_version, arch, os, hostname, active_bundle, "
-    "active_model, provider, verified, last_error, status_ts, first_seen"
+    "device_id, online, state, profile, groups_json, labels_json, agent_version, arch, os, hostname, slots_json, "
+    "last_error, status_ts, first_seen"
 )
-_KEEP_WHEN_OFFLINE = ("active_bundle", "active_model", "provider", "verified", "last_error")
+_KEEP_WHEN_OFFLINE = ("slots_json", "last_error")
 
 
 class Devices(Protocol):
@@ -26,7 +26,7 @@ class Devices(Protocol):
     def upsert_statuses(self, statuses: Sequence[DeviceStatus], received_at: float) -> None:
         """Record each device's latest status in arrival order (the broker orders one topic's messages).
 
-        An offline status (the last will) keeps what the device last ran: the will carries no bundle."""
+        An offline status (the last will) keeps what the device last ran: the will carries no slots."""
         ...
 
     def devices(self) -> list[DeviceRecord]: ...
@@ -50,9 +50,13 @@ def _device(row: Sequence[Any]) -> DeviceRecord:
     return DeviceRecord(
         device_id=row[0], online=bool(row[1]), state=row[2], profile=row[3], groups=tuple(json.loads(row[4])),
         labels=json.loads(row[5]), agent_version=row[6] or "", arch=row[7], os=row[8], hostname=row[9],
-        active_bundle=row[10], active_model=row[11], provider=row[12], verified=bool(row[13]), last_error=row[14],
-        status_ts=row[15], first_seen=row[16],
+        slots=tuple(SlotStatus.model_validate(s) for s in json.loads(row[10])), last_error=row[11],
+        status_ts=row[12], first_seen=row[13],
     )  # fmt: skip
+
+
+def _slots_json(status: DeviceStatus) -> str:
+    return json.dumps([s.model_dump(mode="json") for s in status.slots])
 
 
 class SqlDevices:
@@ -66,9 +70,8 @@ class SqlDevices:
             hw = s.hardware
             rows.append((
                 s.device_id, int(s.online), s.state, s.profile, json.dumps(s.groups), s.agent_version,
-                hw.arch if hw else None, hw.os if hw else None, hw.hostname if hw else None, s.active_bundle,
-                s.active_model, s.provider_in_use, int(s.verified), s.last_error,
-                s.ts if s.online else received_at, received_at,
+                hw.arch if hw else None, hw.os if hw else None, hw.hostname if hw else None, _slots_json(s),
+                s.last_error, s.ts if s.online else received_at, received_at,
             ))  # fmt: skip
         if not rows:
             return
@@ -79,8 +82,8 @@ class SqlDevices:
         with self.db.tx() as conn:
             conn.executemany(
                 "INSERT INTO devices (device_id, online, state, profile, groups_json, agent_version, arch, os,"
-                " hostname, active_bundle, active_model, provider, verified, last_error, status_ts, first_seen)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " hostname, slots_json, last_error, status_ts, first_seen)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (device_id) DO UPDATE SET online = excluded.online, state = excluded.state,"
                 " profile = excluded.profile, groups_json = excluded.groups_json,"
                 " agent_version = excluded.agent_version, arch = COALESCE(excluded.arch, devices.arch),"

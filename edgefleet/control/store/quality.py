@@ -21,16 +21,17 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from edgefleet.control.store.quality_alerts import QualityAlert, subject_states, transitions
-from edgefleet.control.store.records import AlertRecord, QualityPoint
+from edgefleet.control.store.records import AlertRecord, QualityPoint, SlotKey
 from edgefleet.control.store.sql.database import Database, Db, delete_batched, device_window, unit_of_work
 from edgefleet.core.messages import DriftScore, GenerationStats, GoldenTask, OutputScore, ShadowReport, Telemetry
+from edgefleet.core.topics import DEFAULT_SLOT
 from edgefleet.core.untrusted import safe_text
 
 log = logging.getLogger(__name__)
 
 _COLUMNS = (
     "device_id, seq, ts, bundle_id, field_accuracy, field_samples, probe_requests, golden_json, drift_json,"
-    " shadow_json, golden_task_json, generation_json"
+    " shadow_json, golden_task_json, generation_json, slot"
 )
 
 
@@ -38,13 +39,14 @@ class Quality(Protocol):
     """Model-quality figures of the reports, and the alerts their crossings raised."""
 
     def quality(
-        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None
-    ) -> list[QualityPoint]:
-        """Quality figures of one device's reports in [since, until), oldest first."""
+        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None,
+        slot: str | None = None,
+    ) -> list[QualityPoint]:  # fmt: skip
+        """Quality figures of one device's reports in [since, until), oldest first (of one bundle, of one slot)."""
         ...
 
-    def latest_quality(self) -> dict[str, QualityPoint]:
-        """Each device's latest report that carried quality figures."""
+    def latest_quality(self) -> dict[SlotKey, QualityPoint]:
+        """Each (device, slot)'s latest report that carried quality figures."""
         ...
 
     def alerts(self, device_id: str | None = None, since: float = 0.0, limit: int = 1000) -> list[AlertRecord]:
@@ -73,7 +75,7 @@ def _row(t: Telemetry, received_at: float) -> tuple[Any, ...]:
         json.dumps([d.model_dump(mode="json") for d in t.drift]),
         t.shadow.model_dump_json() if t.shadow else None, received_at,
         t.golden_task.model_dump_json() if t.golden_task else None,
-        t.generation.model_dump_json() if t.generation else None,
+        t.generation.model_dump_json() if t.generation else None, t.slot,
     )  # fmt: skip
 
 
@@ -85,7 +87,7 @@ def _point(row: Sequence[Any]) -> QualityPoint:
         drift=tuple(DriftScore.model_validate(d) for d in json.loads(row[8])),
         shadow=ShadowReport.model_validate_json(row[9]) if row[9] else None,
         golden_task=GoldenTask.model_validate_json(row[10]) if row[10] else None,
-        generation=GenerationStats.model_validate_json(row[11]) if row[11] else None,
+        generation=GenerationStats.model_validate_json(row[11]) if row[11] else None, slot=row[12],
     )  # fmt: skip
 
 
@@ -101,8 +103,8 @@ class SqlQuality:
             inserted = conn.execute(
                 "INSERT INTO telemetry_quality (device_id, seq, ts, bundle_id, field_accuracy, field_samples,"
                 " probe_requests, golden_min, golden_failed, drift_max, shadow_agreement, golden_json, drift_json,"
-                " shadow_json, received_at, golden_task_json, generation_json)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " shadow_json, received_at, golden_task_json, generation_json, slot)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
                 _row(report, received_at),
             ).rowcount
@@ -140,26 +142,34 @@ class SqlQuality:
 
     @unit_of_work()
     def quality(
-        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None
-    ) -> list[QualityPoint]:
-        sql, params = device_window("telemetry_quality", _COLUMNS, device_id, since, until, bundle_id)
+        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None,
+        slot: str | None = None,
+    ) -> list[QualityPoint]:  # fmt: skip
+        sql, params = device_window("telemetry_quality", _COLUMNS, device_id, since, until, bundle_id, slot)
         with self.db.read() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [_point(r) for r in rows]
 
     @unit_of_work()
-    def latest_quality(self) -> dict[str, QualityPoint]:
-        """One indexed lookup per known device (a scan of every report would grow with retention)."""
+    def latest_quality(self) -> dict[SlotKey, QualityPoint]:
+        """One indexed lookup per known device and slot it reported (a scan of every report would grow with
+        retention)."""
         with self.db.read() as conn:
+            slots = {
+                (device_id, slot)
+                for device_id, slots_json in conn.execute("SELECT device_id, slots_json FROM devices").fetchall()
+                for slot in {DEFAULT_SLOT, *(s.get("slot", DEFAULT_SLOT) for s in json.loads(slots_json))}
+            }
             rows = [
                 row
-                for (device_id,) in conn.execute("SELECT device_id FROM devices").fetchall()
+                for device_id, slot in sorted(slots)
                 for row in conn.execute(
-                    f"SELECT {_COLUMNS} FROM telemetry_quality WHERE device_id = ? ORDER BY ts DESC LIMIT 1",
-                    (device_id,),
+                    f"SELECT {_COLUMNS} FROM telemetry_quality WHERE device_id = ? AND slot = ? ORDER BY ts DESC"
+                    " LIMIT 1",
+                    (device_id, slot),
                 ).fetchall()
             ]
-        return {r[0]: _point(r) for r in rows}
+        return {(r[0], r[12]): _point(r) for r in rows}
 
     @unit_of_work()
     def add_alerts(self, alerts: Sequence[AlertRecord], received_at: float) -> None:

@@ -10,10 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edgefleet.core.messages import DriftScore, GenerationStats, GoldenTask, OutputScore, ShadowReport
+from edgefleet.core.messages import DriftScore, GenerationStats, GoldenTask, OutputScore, ShadowReport, SlotStatus
+from edgefleet.core.topics import DEFAULT_SLOT
 
 Scope = Literal["fleet", "group", "device"]
 FLEET_TARGET = "*"
+ANY_PROFILE = "*"  # a slot removal applies whatever the device's profile
+SlotKey = tuple[str, str]  # (device id, slot): what desired state, telemetry and rollouts are kept per
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,19 @@ class DeviceRecord:
     arch: str | None = None
     os: str | None = None
     hostname: str | None = None
-    active_bundle: str | None = None
-    active_model: str | None = None
-    provider: str | None = None
-    verified: bool = False
-    last_error: str | None = None
+    slots: tuple[SlotStatus, ...] = ()  # every slot the device reported, by name (a single model: "default")
+    last_error: str | None = None  # the device's own (a slot's is on the slot)
     status_ts: float = 0.0
     first_seen: float = 0.0
+
+    def slot(self, name: str = DEFAULT_SLOT) -> SlotStatus | None:
+        """The device's word on one slot, or None (it never reported that slot)."""
+        return next((s for s in self.slots if s.slot == name), None)
+
+    def running(self, slot: str = DEFAULT_SLOT) -> str | None:
+        """The bundle the slot runs, by the device's word (None: the slot runs nothing)."""
+        found = self.slot(slot)
+        return found.active_bundle if found else None
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class TelemetryPoint:
     cpu_percent: float
     rss_mb: float
     temperature_c: float | None
+    slot: str = DEFAULT_SLOT
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,7 @@ class QualityPoint:
     shadow: ShadowReport | None = None
     golden_task: GoldenTask | None = None  # the task rule's score on the golden set
     generation: GenerationStats | None = None  # a language model's token figures over the report's window
+    slot: str = DEFAULT_SLOT
 
 
 AlertLevel = Literal["info", "warning", "critical"]
@@ -127,6 +138,7 @@ class EventRecord:
     bundle_id: str | None
     detail: str
     progress: float | None
+    slot: str | None = None  # None: an event about the device itself
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,9 @@ class GroupDef:
 
 @dataclass(frozen=True)
 class Deployment:
-    """A desired bundle for a scope (the whole fleet, a group, a device) and one profile."""
+    """A desired bundle for one slot of a scope (the whole fleet, a group, a device) and one profile. `remove`: a
+    decision that the slot runs nothing there (published signed as `Desired.remove`); its bundle fields are empty
+    and its profile may be `ANY_PROFILE`."""
 
     scope: Scope
     target: str
@@ -153,17 +167,25 @@ class Deployment:
     source: str = "operator"
     updated_at: float = 0.0
     shadow_bundle_id: str | None = None  # a bundle the devices run beside it on mirrored requests, never serving
+    slot: str = DEFAULT_SLOT
+    remove: bool = False
 
 
 @dataclass(frozen=True)
 class PublishedDesired:
-    """What the control plane last published, retained, on a device's desired topic."""
+    """What the control plane last published, retained, on one slot's desired topic of a device."""
 
     device_id: str
     bundle_id: str
     rollback: bool
     issued_at: float
     shadow_bundle_id: str | None = None
+    slot: str = DEFAULT_SLOT
+    remove: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.device_id, self.slot
 
 
 @dataclass(frozen=True)

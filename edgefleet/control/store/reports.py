@@ -20,19 +20,19 @@ from typing import Any, Protocol
 
 from edgefleet.control.store.evidence import SqlEvidence
 from edgefleet.control.store.quality import SqlQuality
-from edgefleet.control.store.records import Compaction, EventRecord, SeriesPoint, TelemetryPoint
+from edgefleet.control.store.records import Compaction, EventRecord, SeriesPoint, SlotKey, TelemetryPoint
 from edgefleet.control.store.sql import database
 from edgefleet.control.store.sql.database import Database, Db, delete_batched, device_window, unit_of_work
 from edgefleet.core.messages import Event, Telemetry
 
 TELEMETRY_COLUMNS = (
     "device_id, seq, ts, bundle_id, provider, window_s, requests, errors, p50_ms, p95_ms, p99_ms, latency_count, "
-    "golden_agreement, golden_max_abs_error, cpu_percent, rss_mb, temperature_c"
+    "golden_agreement, golden_max_abs_error, cpu_percent, rss_mb, temperature_c, slot"
 )
 _TELEMETRY = TELEMETRY_COLUMNS.split(", ")
 _N_TELEMETRY = len(_TELEMETRY)
 _MARKS = ", ".join("?" for _ in range(_N_TELEMETRY + 1))
-_EVENT = ("device_id", "seq", "ts", "kind", "bundle_id", "detail", "progress", "received_at")
+_EVENT = ("device_id", "seq", "ts", "kind", "bundle_id", "detail", "progress", "slot", "received_at")
 
 WRITE_MS_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 WRITE_MS_COUNTER = "store.write_ms.le_"  # + a bound (zero-padded) or "inf": a cumulative-free histogram
@@ -48,12 +48,15 @@ class Reports(Protocol):
     def add_events(self, events: Sequence[Event], received_at: float) -> int: ...
 
     def telemetry(
-        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None
-    ) -> list[TelemetryPoint]:
-        """Raw reports of one device in [since, until), oldest first."""
+        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None,
+        slot: str | None = None,
+    ) -> list[TelemetryPoint]:  # fmt: skip
+        """Raw reports of one device in [since, until), oldest first (of one bundle, of one slot)."""
         ...
 
-    def latest_telemetry(self) -> dict[str, TelemetryPoint]: ...
+    def latest_telemetry(self) -> dict[SlotKey, TelemetryPoint]:
+        """Each (device, slot)'s latest report."""
+        ...
 
     def series(self, device_id: str, since: float, until: float, step: float) -> list[SeriesPoint]:
         """The device's history averaged per `step` seconds, from raw reports and downsampled buckets."""
@@ -142,7 +145,7 @@ def telemetry_row(t: Telemetry, received_at: float) -> tuple[Any, ...]:
     return (
         t.device_id, t.seq or None, t.ts, t.bundle_id, t.provider, t.window_s, t.requests, t.errors,
         lat.p50_ms, lat.p95_ms, lat.p99_ms, lat.count, t.golden_agreement, t.golden_max_abs_error,
-        t.cpu_percent, t.rss_mb, t.temperature_c, received_at,
+        t.cpu_percent, t.rss_mb, t.temperature_c, t.slot, received_at,
     )  # fmt: skip
 
 
@@ -160,18 +163,19 @@ class SqlReports:
         if not reports:
             return 0
         rows = [telemetry_row(t, received_at) for t in reports]
-        latest: dict[str, tuple[Any, ...]] = {}
+        latest: dict[tuple[str, str], tuple[Any, ...]] = {}
         for row in rows:
-            if row[0] not in latest or row[2] >= latest[row[0]][2]:
-                latest[row[0]] = row
+            key = (row[0], row[_N_TELEMETRY - 1])
+            if key not in latest or row[2] >= latest[key][2]:
+                latest[key] = row
         updates = ", ".join(f"{c} = excluded.{c}" for c in _TELEMETRY[1:])
         started = time.perf_counter()
         with self.db.tx() as conn:
             inserted = conn.insert_rows("telemetry", [*_TELEMETRY, "received_at"], rows, "ON CONFLICT DO NOTHING")
-            # In device order: concurrent writers lock the rows in the same order and never deadlock.
+            # In (device, slot) order: concurrent writers lock the rows in the same order and never deadlock.
             conn.executemany(
                 f"INSERT INTO latest_telemetry ({TELEMETRY_COLUMNS}, received_at) VALUES ({_MARKS})"
-                f" ON CONFLICT (device_id) DO UPDATE SET {updates}, received_at = excluded.received_at"
+                f" ON CONFLICT (device_id, slot) DO UPDATE SET {updates}, received_at = excluded.received_at"
                 " WHERE excluded.ts >= latest_telemetry.ts",
                 [latest[d] for d in sorted(latest)],
             )
@@ -185,25 +189,27 @@ class SqlReports:
         if not events:
             return 0
         rows = [
-            (e.device_id, e.seq or None, e.ts, e.kind, e.bundle_id, e.detail, e.progress, received_at) for e in events
+            (e.device_id, e.seq or None, e.ts, e.kind, e.bundle_id, e.detail, e.progress, e.slot, received_at)
+            for e in events
         ]
         with self.db.tx() as conn:
             return conn.insert_rows("events", _EVENT, rows, "ON CONFLICT DO NOTHING")
 
     @unit_of_work()
     def telemetry(
-        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None
-    ) -> list[TelemetryPoint]:
-        sql, params = device_window("telemetry", TELEMETRY_COLUMNS, device_id, since, until, bundle_id)
+        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None,
+        slot: str | None = None,
+    ) -> list[TelemetryPoint]:  # fmt: skip
+        sql, params = device_window("telemetry", TELEMETRY_COLUMNS, device_id, since, until, bundle_id, slot)
         with self.db.read() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [_point(r) for r in rows]
 
     @unit_of_work()
-    def latest_telemetry(self) -> dict[str, TelemetryPoint]:
+    def latest_telemetry(self) -> dict[SlotKey, TelemetryPoint]:
         with self.db.read() as conn:
             rows = conn.execute(f"SELECT {TELEMETRY_COLUMNS} FROM latest_telemetry").fetchall()
-        return {r[0]: _point(r) for r in rows}
+        return {(r[0], r[_N_TELEMETRY - 1]): _point(r) for r in rows}
 
     @unit_of_work()
     def series(self, device_id: str, since: float, until: float, step: float) -> list[SeriesPoint]:
@@ -257,7 +263,7 @@ class SqlReports:
         self, device_id: str | None = None, since: float = 0.0, bundle_id: str | None = None, limit: int = 1000,
         received_since: float | None = None,
     ) -> list[EventRecord]:  # fmt: skip
-        sql = "SELECT device_id, seq, ts, kind, bundle_id, detail, progress FROM events WHERE ts >= ?"
+        sql = "SELECT device_id, seq, ts, kind, bundle_id, detail, progress, slot FROM events WHERE ts >= ?"
         params: list[Any] = [since]
         if received_since is not None:
             sql += " AND received_at >= ?"

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from edgefleet.control.store.errors import FencedOut
-from edgefleet.control.store.records import Deployment, Fence, PublishedDesired, RolloutRow, Scope
+from edgefleet.control.store.records import Deployment, Fence, PublishedDesired, RolloutRow, Scope, SlotKey
 from edgefleet.control.store.sql.database import Database, Db, unit_of_work
 from edgefleet.core.errors import UnknownNameError
 
@@ -24,14 +24,19 @@ class Rollouts(Protocol):
 
     def put_deployment(self, deployment: Deployment) -> None: ...
 
-    def delete_deployment(self, scope: Scope, target: str, profile: str | None = None) -> int: ...
+    def delete_deployment(self, scope: Scope, target: str, profile: str | None = None, slot: str | None = None) -> int:
+        """Delete a target's deployments (of one profile, of one slot; None: every one)."""
+        ...
 
     def deployments(self) -> list[Deployment]: ...
 
-    def published(self) -> dict[str, PublishedDesired]: ...
+    def published(self) -> dict[SlotKey, PublishedDesired]:
+        """What was last published per (device, slot)."""
+        ...
 
-    def set_published_many(self, records: Sequence[tuple[str, PublishedDesired | None]]) -> None:
-        """What was published (None: cleared) for many devices, in one transaction; the last word per device."""
+    def set_published_many(self, records: Sequence[tuple[SlotKey, PublishedDesired | None]]) -> None:
+        """What was published (None: cleared) for many (device, slot)s, in one transaction; the last word per
+        (device, slot)."""
         ...
 
     def save_rollout(self, row: RolloutRow) -> None:
@@ -100,21 +105,24 @@ class SqlRollouts:
         with self.fenced_tx() as conn:
             conn.execute(
                 "INSERT INTO deployments (scope, target, profile, bundle_id, model_name, model_version, rollback,"
-                " source, updated_at, shadow_bundle_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (scope, target, profile) DO UPDATE SET bundle_id = excluded.bundle_id,"
+                " source, updated_at, shadow_bundle_id, slot, remove_slot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (scope, target, profile, slot) DO UPDATE SET bundle_id = excluded.bundle_id,"
                 " model_name = excluded.model_name, model_version = excluded.model_version,"
                 " rollback = excluded.rollback, source = excluded.source, updated_at = excluded.updated_at,"
-                " shadow_bundle_id = excluded.shadow_bundle_id",
+                " shadow_bundle_id = excluded.shadow_bundle_id, remove_slot = excluded.remove_slot",
                 (d.scope, d.target, d.profile, d.bundle_id, d.model_name, d.model_version, int(d.rollback), d.source,
-                 d.updated_at or time.time(), d.shadow_bundle_id),
+                 d.updated_at or time.time(), d.shadow_bundle_id, d.slot, int(d.remove)),
             )  # fmt: skip
 
     @unit_of_work()
-    def delete_deployment(self, scope: Scope, target: str, profile: str | None = None) -> int:
+    def delete_deployment(self, scope: Scope, target: str, profile: str | None = None, slot: str | None = None) -> int:
         sql, params = "DELETE FROM deployments WHERE scope = ? AND target = ?", [scope, target]
         if profile is not None:
             sql += " AND profile = ?"
             params.append(profile)
+        if slot is not None:
+            sql += " AND slot = ?"
+            params.append(slot)
         with self.fenced_tx() as conn:
             return conn.execute(sql, params).rowcount
 
@@ -123,34 +131,38 @@ class SqlRollouts:
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT scope, target, profile, bundle_id, model_name, model_version, rollback, source, updated_at,"
-                " shadow_bundle_id FROM deployments ORDER BY scope, target, profile"
+                " shadow_bundle_id, slot, remove_slot FROM deployments ORDER BY scope, target, profile, slot"
             ).fetchall()
-        return [Deployment(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows]
+        return [
+            Deployment(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9], r[10], bool(r[11]))
+            for r in rows
+        ]
 
     @unit_of_work()
-    def published(self) -> dict[str, PublishedDesired]:
+    def published(self) -> dict[SlotKey, PublishedDesired]:
         with self.db.read() as conn:
             rows = conn.execute(
-                "SELECT device_id, bundle_id, rollback, issued_at, shadow_bundle_id FROM published"
+                "SELECT device_id, bundle_id, rollback, issued_at, shadow_bundle_id, slot, remove_slot FROM published"
             ).fetchall()
-        return {r[0]: PublishedDesired(r[0], r[1], bool(r[2]), r[3], r[4]) for r in rows}
+        return {(r[0], r[5]): PublishedDesired(r[0], r[1], bool(r[2]), r[3], r[4], r[5], bool(r[6])) for r in rows}
 
     @unit_of_work()
-    def set_published_many(self, records: Sequence[tuple[str, PublishedDesired | None]]) -> None:
+    def set_published_many(self, records: Sequence[tuple[SlotKey, PublishedDesired | None]]) -> None:
         if not records:
             return
-        final = dict(records)  # the last word per device
-        cleared = [(d,) for d, p in sorted(final.items()) if p is None]
-        latest = {d: p for d, p in final.items() if p is not None}
+        final = dict(records)  # the last word per (device, slot)
+        cleared = [key for key, p in sorted(final.items()) if p is None]
+        latest = {key: p for key, p in final.items() if p is not None}
         with self.fenced_tx() as conn:
-            conn.executemany("DELETE FROM published WHERE device_id = ?", cleared)
+            conn.executemany("DELETE FROM published WHERE device_id = ? AND slot = ?", cleared)
             conn.executemany(
-                "INSERT INTO published (device_id, bundle_id, rollback, issued_at, shadow_bundle_id)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET bundle_id = excluded.bundle_id,"
-                " rollback = excluded.rollback, issued_at = excluded.issued_at,"
-                " shadow_bundle_id = excluded.shadow_bundle_id",
-                [(d, p.bundle_id, int(p.rollback), p.issued_at, p.shadow_bundle_id) for d, p in sorted(latest.items())],
-            )
+                "INSERT INTO published (device_id, slot, bundle_id, rollback, issued_at, shadow_bundle_id,"
+                " remove_slot) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device_id, slot) DO UPDATE SET"
+                " bundle_id = excluded.bundle_id, rollback = excluded.rollback, issued_at = excluded.issued_at,"
+                " shadow_bundle_id = excluded.shadow_bundle_id, remove_slot = excluded.remove_slot",
+                [(d, slot, p.bundle_id, int(p.rollback), p.issued_at, p.shadow_bundle_id, int(p.remove))
+                 for (d, slot), p in sorted(latest.items())],
+            )  # fmt: skip
 
     # --- rollouts
     @unit_of_work()

@@ -36,6 +36,7 @@ from edgefleet.control.store.records import (
     RolloutRow,
     Scope,
     SeriesPoint,
+    SlotKey,
     TelemetryPoint,
 )
 from edgefleet.control.store.reports import Reports, SqlReports
@@ -142,11 +143,12 @@ class Store:
         return self.repos.reports.add_events(events, received_at)
 
     def telemetry(
-        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None
-    ) -> list[TelemetryPoint]:
-        return self.repos.reports.telemetry(device_id, since, until, bundle_id)
+        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None,
+        slot: str | None = None,
+    ) -> list[TelemetryPoint]:  # fmt: skip
+        return self.repos.reports.telemetry(device_id, since, until, bundle_id, slot)
 
-    def latest_telemetry(self) -> dict[str, TelemetryPoint]:
+    def latest_telemetry(self) -> dict[SlotKey, TelemetryPoint]:
         return self.repos.reports.latest_telemetry()
 
     def series(self, device_id: str, since: float, until: float, step: float) -> list[SeriesPoint]:
@@ -196,11 +198,12 @@ class Store:
 
     # --- model quality
     def quality(
-        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None
-    ) -> list[QualityPoint]:
-        return self.repos.quality.quality(device_id, since, until, bundle_id)
+        self, device_id: str, since: float, until: float | None = None, bundle_id: str | None = None,
+        slot: str | None = None,
+    ) -> list[QualityPoint]:  # fmt: skip
+        return self.repos.quality.quality(device_id, since, until, bundle_id, slot)
 
-    def latest_quality(self) -> dict[str, QualityPoint]:
+    def latest_quality(self) -> dict[SlotKey, QualityPoint]:
         return self.repos.quality.latest_quality()
 
     def add_alerts(self, alerts: Sequence[AlertRecord], received_at: float) -> None:
@@ -213,19 +216,19 @@ class Store:
     def put_deployment(self, deployment: Deployment) -> None:
         self.repos.rollouts.put_deployment(deployment)
 
-    def delete_deployment(self, scope: Scope, target: str, profile: str | None = None) -> int:
-        return self.repos.rollouts.delete_deployment(scope, target, profile)
+    def delete_deployment(self, scope: Scope, target: str, profile: str | None = None, slot: str | None = None) -> int:
+        return self.repos.rollouts.delete_deployment(scope, target, profile, slot)
 
     def deployments(self) -> list[Deployment]:
         return self.repos.rollouts.deployments()
 
-    def published(self) -> dict[str, PublishedDesired]:
+    def published(self) -> dict[SlotKey, PublishedDesired]:
         return self.repos.rollouts.published()
 
-    def set_published(self, device_id: str, published: PublishedDesired | None) -> None:
-        self.repos.rollouts.set_published_many([(device_id, published)])
+    def set_published(self, key: SlotKey, published: PublishedDesired | None) -> None:
+        self.repos.rollouts.set_published_many([(key, published)])
 
-    def set_published_many(self, records: Sequence[tuple[str, PublishedDesired | None]]) -> None:
+    def set_published_many(self, records: Sequence[tuple[SlotKey, PublishedDesired | None]]) -> None:
         self.repos.rollouts.set_published_many(records)
 
     def save_rollout(self, row: RolloutRow) -> None:

@@ -64,7 +64,7 @@ def fleet(
             deploy(host, Topics(), publish(host, plane.store, bundles["1"]), devices=[], groups=["cli-line"])
         finally:
             host.stop()
-        wait_until("devices on v1", lambda: all((d := plane.store.device(x)) and d.active_bundle for x in DEVICES))
+        wait_until("devices on v1", lambda: all((d := plane.store.device(x)) and d.running() for x in DEVICES))
         for device in DEVICES:  # the host's record of them: what a rollout plans by
             enrolled = edgefleet("devices", "enroll", device, "--profile", "generic-x86-64", "--group", "cli-line",
                                  "--store", plane.config.store_url)  # fmt: skip
@@ -205,7 +205,8 @@ def test_a_succeeded_rollout_is_rolled_back_to_the_previous_bundles(
         plane.store.delete_deployment("device", pin.target, pin.profile)
     v1 = "cli-model-1-generic-x86-64"
     wait_until("every device on v1", lambda: all(sims.devices[d].active_bundle == v1 for d in DEVICES), 60)
-    wait_until("v1 telemetry", lambda: all((t := plane.store.latest_telemetry().get(d)) and t.bundle_id == v1
+    latest = plane.store.latest_telemetry
+    wait_until("v1 telemetry", lambda: all((t := latest().get((d, "default"))) and t.bundle_id == v1
                                            for d in DEVICES), 60)  # fmt: skip
     before = {d: sims.devices[d].active_bundle for d in DEVICES}
     started = edgefleet(

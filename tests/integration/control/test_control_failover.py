@@ -99,7 +99,7 @@ def test_the_leader_dies_or_stalls_mid_wave_and_another_instance_finishes_the_ro
                 manifest = publish(host, store, v2)
             finally:
                 host.stop()
-            wait_until("devices on v1", lambda: all((d := store.device(x)) and d.active_bundle for x in devices))
+            wait_until("devices on v1", lambda: all((d := store.device(x)) and d.running() for x in devices))
             enroll(store, devices, ["fo-lead-line"])
             spec = make_spec(
                 group="fo-lead-line", bundles=[bundle_ref(manifest)], canary="2", waves=["50%", "100%"],
@@ -141,7 +141,7 @@ def test_the_leader_dies_or_stalls_mid_wave_and_another_instance_finishes_the_ro
         e.device_id for e in store.events(bundle_id=manifest.bundle_id, limit=10_000) if e.kind == "committed"
     )
     assert commits == dict.fromkeys(devices, 1), "every device installed the new bundle exactly once"
-    assert all((d := store.device(x)) and d.active_bundle == manifest.bundle_id for x in devices)
+    assert all((d := store.device(x)) and d.running() == manifest.bundle_id for x in devices)
 
 
 # An instance that acknowledges a message on receipt loses what it had received but not yet written when it is
@@ -157,7 +157,11 @@ def test_an_ingesting_instance_dies_and_no_acknowledged_report_is_lost(
     # The broker keeps a dead instance's session (and queues its share) for 60 s; it restarts under its name.
     a, b = instances(mosquitto.url, store_url, tmp_path, "fo-ingest", "ingest-a", "ingest-b", expiry="60")
     with a, b, sim_fleet(mosquitto.url, devices, telemetry_interval=0.05) as sims:
-        wait_until("reports from every device", lambda: len(store.latest_telemetry()) == len(devices), timeout=60)
+        wait_until(
+            "reports from every device",
+            lambda: len({d for d, _slot in store.latest_telemetry()}) == len(devices),
+            timeout=60,
+        )
         wait_until("both instances to store reports", lambda: store.telemetry_count() > 400, timeout=60)
         a.kill()
         time.sleep(1.0)  # reports keep coming: the broker queues a's share in its session
@@ -180,7 +184,11 @@ def test_the_database_restarts_and_the_instances_lose_and_duplicate_nothing(
         a, b = instances(mosquitto.url, url, tmp_path, "fo-db", "db-a", "db-b", expiry="60")
         try:
             with a, b, sim_fleet(mosquitto.url, devices, telemetry_interval=0.05) as sims:
-                wait_until("reports from every device", lambda: len(store.latest_telemetry()) == len(devices), 60)
+                wait_until(
+                    "reports from every device",
+                    lambda: len({d for d, _slot in store.latest_telemetry()}) == len(devices),
+                    60,
+                )
                 wait_until("an engine leader", lambda: holder(store))
                 before = store.telemetry_count()
                 pg.restart()  # every connection is cut; the instances' pools reconnect

@@ -54,7 +54,7 @@ class _Device:
         self.inbox: queue.Queue[bytes] = queue.Queue()
         self.conn = Connection(broker.url, DEVICE).start()
         self.conn.subscribe(
-            Topics().device_desired(DEVICE), lambda _t, payload, _retained: self.inbox.put(payload), qos=1
+            Topics().device_desired(DEVICE, "default"), lambda _t, payload, _retained: self.inbox.put(payload), qos=1
         )
 
     def next_cap(self) -> int | None:

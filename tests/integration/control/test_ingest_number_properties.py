@@ -62,7 +62,7 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ingestor, 
 
 
 def rows(store: Store, device: str) -> list[Any]:
-    return [*store.telemetry(device, 0.0), store.latest_telemetry().get(device)]
+    return [*store.telemetry(device, 0.0), store.latest_telemetry().get((device, "default"))]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

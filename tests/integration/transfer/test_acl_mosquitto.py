@@ -182,7 +182,8 @@ def test_acl_lists_each_device_only_its_own_topics() -> None:
     blocks = {block.splitlines()[0]: block for block in text.split("\n\n") if block.startswith("user ")}
     dev_a = blocks["user dev-a"]
     assert f"topic read {TOPICS.bundle_offer('b-1')}" in dev_a
-    assert f"topic read {TOPICS.group_desired('g1')}" in dev_a
+    assert f"topic read {TOPICS.group_desired_slots('g1')}" in dev_a, "every slot of its group's desired state"
+    assert f"topic read {TOPICS.device_desired_slots('dev-a')}" in dev_a
     assert f"topic write {TOPICS.status('dev-a')}" in dev_a
     assert "b-2" not in dev_a and "dev-b" not in dev_a and "#" not in dev_a
     assert blocks[f"user {HOST_IDENTITY}"].endswith(f"topic readwrite {TOPICS.prefix}/#")
@@ -237,32 +238,36 @@ def test_device_publishes_only_its_own_topics(tls_broker: TlsBroker, protocol: P
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_device_reads_only_its_own_and_its_groups_desired(tls_broker: TlsBroker, protocol: Protocol) -> None:
+    """Every slot's document of its own and its groups' (`desired/+`), nothing of another device or group."""
     host = _connect(tls_broker, HOST_IDENTITY, "5")
+    own = [TOPICS.device_desired("dev-a", "default"), TOPICS.device_desired("dev-a", "assistant")]
     retained = {
         topic: _nonce()
         for topic in (
-            TOPICS.device_desired("dev-b"),
-            TOPICS.group_desired("g2"),
-            TOPICS.device_desired("dev-a"),
-            TOPICS.group_desired("g1"),
+            TOPICS.device_desired("dev-b", "default"),
+            TOPICS.group_desired("g2", "default"),
+            *own,
+            TOPICS.group_desired("g1", "detector"),
         )
     }
     for topic, payload in retained.items():
         host.publish(topic, payload, qos=1, retain=True, wait=WAIT)
     inbox = Inbox()
     # Forbidden first: their retained messages would be queued before those of the allowed ones.
-    device = _connect(tls_broker, "dev-a", protocol, dict.fromkeys(retained, inbox))
+    filters = [TOPICS.device_desired_slots("dev-b"), TOPICS.group_desired_slots("g2"),
+               TOPICS.device_desired_slots("dev-a"), TOPICS.group_desired_slots("g1")]  # fmt: skip
+    device = _connect(tls_broker, "dev-a", protocol, dict.fromkeys(filters, inbox))
     try:
-        inbox.wait_for(TOPICS.device_desired("dev-a"), retained[TOPICS.device_desired("dev-a")])
-        inbox.wait_for(TOPICS.group_desired("g1"), retained[TOPICS.group_desired("g1")])
-        assert inbox.topics() == {TOPICS.device_desired("dev-a"), TOPICS.group_desired("g1")}
+        for topic in (*own, TOPICS.group_desired("g1", "detector")):
+            inbox.wait_for(topic, retained[topic])
+        assert inbox.topics() == {*own, TOPICS.group_desired("g1", "detector")}
 
         # Live messages too: dev-b's desired published first, dev-a's after it.
         live_b, live_a = _nonce(), _nonce()
-        host.publish(TOPICS.device_desired("dev-b"), live_b, qos=1, retain=True, wait=WAIT)
-        host.publish(TOPICS.device_desired("dev-a"), live_a, qos=1, retain=True, wait=WAIT)
-        inbox.wait_for(TOPICS.device_desired("dev-a"), live_a)
-        assert TOPICS.device_desired("dev-b") not in inbox.topics()
+        host.publish(TOPICS.device_desired("dev-b", "default"), live_b, qos=1, retain=True, wait=WAIT)
+        host.publish(TOPICS.device_desired("dev-a", "default"), live_a, qos=1, retain=True, wait=WAIT)
+        inbox.wait_for(TOPICS.device_desired("dev-a", "default"), live_a)
+        assert TOPICS.device_desired("dev-b", "default") not in inbox.topics()
     finally:
         device.stop()
         host.stop()

@@ -48,7 +48,7 @@ def test_unpublish_keeps_what_desired_state_names_and_the_chunks_other_bundles_s
 
             # The desired bundle is refused, and nothing is cleared.
             assert cli(["unpublish", m1.bundle_id, "--broker", broker.url]) == 1
-            assert f"{m1.bundle_id} is still named by desired state on {topics.device_desired('d1')}" in (
+            assert f"{m1.bundle_id} is still named by desired state on {topics.device_desired('d1', 'default')}" in (
                 capsys.readouterr().err
             )
             assert set(retained_offers(conn, topics)) == {m1.bundle_id, m2.bundle_id}
@@ -65,8 +65,8 @@ def test_unpublish_keeps_what_desired_state_names_and_the_chunks_other_bundles_s
             assert cleared == len(only_v2) > 0 and not only_v2 & after and after == before - only_v2
 
             # The cap the deploy signed.
-            found, _ = read_retained(conn, topics.prefix, [topics.device_desired("d1")], timeout=30)
-            document = json.loads(decode(SignedDesired, found[topics.device_desired("d1")]).desired.payload)
+            found, _ = read_retained(conn, topics.prefix, [topics.device_desired("d1", "default")], timeout=30)
+            document = json.loads(decode(SignedDesired, found[topics.device_desired("d1", "default")]).desired.payload)
             assert document["bundle_id"] == m1.bundle_id and document["max_bytes_per_s"] == 40000
         finally:
             conn.stop()

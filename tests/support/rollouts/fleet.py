@@ -71,6 +71,6 @@ def make_fleet(mosquitto: MosquittoBroker, tmp_path: Path, host: Connection, bun
         deploy(host, Topics(), manifests["v1"], devices=[], groups=[group])
         v1 = manifests["v1"].bundle_id
         wait_until("every device on v1", lambda: all(d.active_bundle == v1 for d in sims.devices.values()))
-        wait_until("the registry", lambda: all((r := plane.store.device(d)) and r.active_bundle for d in devices))
+        wait_until("the registry", lambda: all((r := plane.store.device(d)) and r.running() for d in devices))
         enroll(plane.store, devices, [group])
         yield Fleet(plane, sims, group, manifests)

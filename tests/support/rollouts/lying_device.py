@@ -25,11 +25,12 @@ from edgefleet.core.messages import (
     LatencySummary,
     LinkReport,
     OutputScore,
+    SlotStatus,
     Telemetry,
     decode,
 )
 from edgefleet.core.mqtt.connection import Connection
-from edgefleet.core.topics import Topics
+from edgefleet.core.topics import DEFAULT_SLOT, Topics
 
 from support.servers.secure_broker import SecureBroker
 
@@ -71,7 +72,7 @@ class LyingDevice:
         if self.conn is not None:
             return self  # already started (`with` on a started device)
         self.conn = self.broker.connect(self.device_id, client_id=self.device_id)
-        self.conn.subscribe(self.topics.device_desired(self.device_id), self._on_desired, qos=1)
+        self.conn.subscribe(self.topics.device_desired(self.device_id, DEFAULT_SLOT), self._on_desired, qos=1)
         self.status()
         self._thread.start()
         return self
@@ -105,8 +106,11 @@ class LyingDevice:
         message = DeviceStatus(
             device_id=self.device_id, online=True, state="serving" if c.active_bundle else "idle",
             agent_version="0.1.0", profile=c.profile, groups=list(c.groups), providers=["CPUExecutionProvider"],
-            active_bundle=c.active_bundle, active_model=f"{c.active_bundle}@1" if c.active_bundle else None,
-            provider_in_use="CPUExecutionProvider" if c.active_bundle else None, verified=c.verified,
+            slots=[SlotStatus(
+                slot=DEFAULT_SLOT, state="serving" if c.active_bundle else "idle", active_bundle=c.active_bundle,
+                active_model=f"{c.active_bundle}@1" if c.active_bundle else None,
+                provider_in_use="CPUExecutionProvider" if c.active_bundle else None, verified=c.verified,
+            )],
         )  # fmt: skip
         assert self.conn is not None
         self.conn.publish(self.topics.status(self.device_id), message.encode(), qos=1, retain=True)

@@ -31,7 +31,7 @@ from edgefleet.core.mqtt.connection import BrokerAddress
 from edgefleet.core.topics import Topics
 
 from support.simulate.device import SimDevice, SimSettings, SimStats
-from support.simulate.scenario import Behavior, BundleBehavior, synthetic_bundle
+from support.simulate.scenario import Behavior, BundleBehavior, Neighbour, synthetic_bundle
 from support.simulate.spool import ResendPolicy
 
 log = logging.getLogger(__name__)
@@ -278,4 +278,4 @@ class SimFleet:
             self._stopped.set()
 
 
-__all__ = ["Behavior", "BundleBehavior", "SimFleet", "synthetic_bundle"]
+__all__ = ["Behavior", "BundleBehavior", "Neighbour", "SimFleet", "synthetic_bundle"]

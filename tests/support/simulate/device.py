@@ -43,12 +43,13 @@ from edgefleet.core.messages import (
     LatencySummary,
     LinkReport,
     MessageError,
+    SlotStatus,
     StoredUpTo,
     Telemetry,
     decode,
 )
 from edgefleet.core.profiles import profile_lineage
-from edgefleet.core.topics import Topics
+from edgefleet.core.topics import DEFAULT_SLOT, Topics
 from edgefleet.core.transfer.chunks import piece_ok, piece_topics, with_pages_read
 
 from support.simulate.quality import ShadowState, quality_fields
@@ -178,9 +179,9 @@ class SimDevice:
         self.connected = True
         self.host.stats.connects += 1
         self.publish_status()
-        client.subscribe(self.topics.device_desired(self.device_id), 1)
+        client.subscribe(self.topics.device_desired(self.device_id, DEFAULT_SLOT), 1)  # a simulated device: one slot
         for group in self.groups:
-            client.subscribe(self.topics.group_desired(group), 1)
+            client.subscribe(self.topics.group_desired(group, DEFAULT_SLOT), 1)
         if self.spool is not None:
             client.subscribe(self.topics.stored(self.device_id), 1)
             self.flush()
@@ -219,7 +220,7 @@ class SimDevice:
                 self._on_block(topic, payload)
             elif topic.endswith("/manifest"):
                 self._on_offer(payload)
-            elif topic.endswith("/desired"):
+            elif topic.endswith("/desired/" + DEFAULT_SLOT):
                 self._on_desired(topic, payload)
             elif self.spool is not None and topic == self.topics.stored(self.device_id):
                 self._on_stored(payload)
@@ -240,11 +241,54 @@ class SimDevice:
         status = DeviceStatus(
             device_id=self.device_id, online=True, state=self.state, agent_version=AGENT_VERSION,
             profile=self.profile, groups=self.groups, hardware=self.host.settings.hardware,
-            providers=["CPUExecutionProvider"], active_bundle=self.active_bundle, active_model=self.active_model,
-            provider_in_use="CPUExecutionProvider" if self.active_bundle else None,
-            verified=self.active_bundle is not None,
+            providers=["CPUExecutionProvider"], slots=self.slots(),
         )  # fmt: skip
         self.publish(self.topics.status(self.device_id), status.encode(), "status", retain=True)
+
+    def slots(self) -> list[SlotStatus]:
+        """The default slot, once the device runs or fetches a bundle (the one it installs into), and the
+        neighbours the behaviour gives it (slots it serves as they are)."""
+        neighbours = [
+            SlotStatus(
+                slot=name,
+                state="serving",
+                active_bundle=n.bundle_id,
+                active_model=f"{n.bundle_id}@1",
+                provider_in_use="CPUExecutionProvider",
+                verified=True,
+                slot_class="real-time",
+                latency_objective_ms=n.objective_ms,
+            )
+            for name, n in sorted(self.host.behavior.neighbours.items())
+        ]
+        if self.active_bundle is None and self.state == "idle":
+            return neighbours
+        return [
+            SlotStatus(
+                slot=DEFAULT_SLOT,
+                state=self.state,
+                active_bundle=self.active_bundle,
+                active_model=self.active_model,
+                provider_in_use="CPUExecutionProvider" if self.active_bundle else None,
+                verified=self.active_bundle is not None,
+            ),
+            *neighbours,
+        ]
+
+    def neighbour_reports(self, interval: float) -> list[Telemetry]:
+        """One report per neighbour slot: its p95 beside what the default slot runs now."""
+        reports = []
+        for name, n in sorted(self.host.behavior.neighbours.items()):
+            p95 = n.p95_beside.get(self.active_bundle or "", n.p95_ms)
+            self.seq += 1
+            reports.append(Telemetry(
+                device_id=self.device_id, seq=self.seq, slot=name, bundle_id=n.bundle_id,
+                provider="CPUExecutionProvider", window_s=interval, requests=50, errors=0,
+                throughput_rps=round(50 / interval, 3),
+                latency=LatencySummary(count=50, p50_ms=p95 / 1.6, p95_ms=p95, p99_ms=p95 * 1.2),
+                golden_agreement=None, golden_max_abs_error=None, cpu_percent=1.0, rss_mb=60.0,
+            ))  # fmt: skip
+        return reports
 
     def offline_status(self) -> DeviceStatus:
         """What the last will says, and what a graceful stop publishes."""
@@ -352,20 +396,21 @@ class SimDevice:
                 requests=requests, probes=probes, p95_ms=round(p50 * 1.6, 4) if has_latency else None,
             ),
         )  # fmt: skip
-        self.host.stats.telemetry_sent += 1
-        if self.spool is not None:
-            self._spool("telemetry", self.topics.telemetry(self.device_id), report.encode())
-        else:
-            self.publish(self.topics.telemetry(self.device_id), report.encode(), "telemetry", seq=self.seq)
+        for one in [report, *self.neighbour_reports(interval)]:
+            self.host.stats.telemetry_sent += 1
+            if self.spool is not None:
+                self._spool("telemetry", self.topics.telemetry(self.device_id), one.encode())
+            else:
+                self.publish(self.topics.telemetry(self.device_id), one.encode(), "telemetry", seq=one.seq)
 
     # --- installing
     def _on_desired(self, topic: str, payload: bytes) -> None:
         desired = unverified_desired(payload) if payload else None  # a simulated device trusts the host
         if desired is None or desired.clear:  # real agents verify, and ignore an unsigned (empty) clear
-            if topic == self.topics.device_desired(self.device_id):
+            if topic == self.topics.device_desired(self.device_id, DEFAULT_SLOT):
                 self.shadow = None  # back to the group's desired state, which names no shadow
             return
-        is_device_topic = topic == self.topics.device_desired(self.device_id)
+        is_device_topic = topic == self.topics.device_desired(self.device_id, DEFAULT_SLOT)
         self.desired_docs[is_device_topic] = desired
         if not is_device_topic and True in self.desired_docs:
             return  # the device's own desired topic wins over its groups'

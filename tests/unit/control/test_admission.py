@@ -16,6 +16,7 @@ from edgefleet.core.messages import (
     LatencySummary,
     MessageError,
     OutputScore,
+    SlotStatus,
     Telemetry,
     decode,
 )
@@ -65,14 +66,19 @@ def test_an_over_budget_device_raises_one_alert_a_minute() -> None:
         (report(errors_by_kind={f"k{i}": 1 for i in range(65)}), "65 error kinds: at most 64"),
         (report(drift=[DriftScore(name="in put", kind="input", psi=0.0, band="none", samples=1)]), "invalid drift"),
         (DeviceStatus(device_id="d1", online=True, state="idle", groups=["lab", "a/b"]), "invalid group"),
-        (DeviceStatus(device_id="d1", online=True, state="idle", active_bundle="x" * 200), "invalid active bundle"),
+        (DeviceStatus(device_id="d1", online=True, state="idle",
+                      slots=[SlotStatus(slot="default", state="idle", active_bundle="x" * 200)]),
+         "invalid active bundle"),
+        (DeviceStatus(device_id="d1", online=True, state="idle",
+                      slots=[SlotStatus(slot="a", state="idle"), SlotStatus(slot="a", state="serving")]),
+         "names a slot twice"),
         (DeviceStatus(device_id="d1", online=True, state="idle",
                       hardware=Hardware(arch="x", os="y", cpu_count=1, memory_mb=1, hostname="evil\x1b[2J")),
          "invalid hostname"),
         (Event(device_id="d1", kind="committed", bundle_id="b b"), "invalid bundle id"),
     ],
     ids=["path-bundle", "newline-bundle", "newline-output", "long-error-kind", "many-error-kinds", "drift-name",
-         "slash-group", "long-bundle", "escape-hostname", "event-bundle"],
+         "slash-group", "long-bundle", "slot-twice", "escape-hostname", "event-bundle"],
 )  # fmt: skip
 def test_an_identifier_that_breaks_its_grammar_refuses_the_message(message: object, reason: str) -> None:
     with pytest.raises(AdmissionError, match=reason):
@@ -83,9 +89,12 @@ def test_free_text_is_cut_never_refused_and_what_is_valid_passes_unchanged() -> 
     gate = Admission(Limits(max_text=100))
     event = gate.admit(Event(device_id="d1", kind="error", detail="x" * 200_000))
     assert len(event.detail) == 100 and event.detail.endswith("…")
+    slot = SlotStatus(slot="detector", state="serving", active_bundle="m-1-generic-x86-64", refused="r" * 5000)
     status = gate.admit(DeviceStatus(device_id="d1", online=True, state="idle", last_error="e" * 5000,
-                                     groups=["lab"], active_bundle="m-1-generic-x86-64"))  # fmt: skip
+                                     groups=["lab"], slots=[slot]))  # fmt: skip
     assert status.last_error is not None and len(status.last_error) == 100 and status.groups == ["lab"]
+    refused = status.slots[0].refused
+    assert refused is not None and len(refused) == 100, "a slot's free text is cut like the status's own"
     scores = [OutputScore(output="StatefulPartitionedCall/logits:0", rule="continuous", score=0.99, passed=True,
                           detail={"sqnr_db": 40.0})]  # fmt: skip
     good = report(golden_scores=scores, drift=[DriftScore(name="input[2]", kind="input", psi=0.1, band="none",

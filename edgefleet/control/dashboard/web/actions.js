@@ -22,7 +22,7 @@ document.getElementById("rollout-form").addEventListener("submit", async (event)
   const bundles = [...document.getElementById("rf-bundles").selectedOptions].map((o) => o.value);
   const drop = numberOrNull("rf-golden");
   const body = {
-    bundles, group: document.getElementById("rf-group").value,
+    bundles, group: document.getElementById("rf-group").value, slot: document.getElementById("rf-slot").value || "default",
     canary: document.getElementById("rf-canary").value, waves: document.getElementById("rf-waves").value,
     thresholds: {
       max_latency_factor: numberOrNull("rf-latency"), latency_slack_ms: Number(document.getElementById("rf-slack").value),

@@ -34,7 +34,7 @@ function renderFleet(data) {
       el("td", { text: d.device_id }),
       el("td", {}, el("span", { class: `dot ${d.online ? "on" : "off"}`, title: d.online ? "online" : "offline" })),
       el("td", { class: "state", text: d.state + (d.warnings && d.warnings.length ? ` ⚠ ${d.warnings.join("; ")}` : "") }),
-      el("td", { text: d.profile || "-" }), el("td", { text: d.bundle || "-" }),
+      el("td", { text: d.profile || "-" }), el("td", { class: "slots", text: slotsText(d) }),
       el("td", { text: d.verified ? "yes" : "no" }),
       el("td", { class: "num", text: fmt(d.p50_ms) }), el("td", { class: "num", text: fmt(d.p95_ms) }),
       el("td", { class: "num", text: fmt(d.golden_agreement, 2) }),
@@ -48,6 +48,21 @@ function renderFleet(data) {
   }
   document.querySelector("#fleet tbody").replaceChildren(...rows);
   setOptions(document.getElementById("lf-device"), data.devices.map((d) => d.device_id));
+}
+
+// One line per slot (the model it runs): "detector: bundle (provider, p95 ms, memory MB)"; a single model shows its
+// bundle alone.
+function slotsText(d) {
+  const slots = d.slots || [];
+  if (!slots.length) return d.bundle || "-";
+  if (slots.length === 1 && slots[0].slot === "default" && !slots[0].refused) return slots[0].bundle || "-";
+  return slots.map((s) => {
+    const figures = [s.provider, s.p95_ms != null ? `p95 ${fmt(s.p95_ms)} ms` : null,
+      s.memory_mb != null ? `${fmt(s.memory_mb, 0)} MB` : null, s.drift_band ? `drift ${s.drift_band}` : null]
+      .filter((x) => x);
+    const refused = s.refused ? ` refused: ${s.refused}` : "";
+    return `${s.slot}: ${s.bundle || "-"}${figures.length ? ` (${figures.join(", ")})` : ""}${refused}`;
+  }).join("\n");
 }
 
 function toggle(deviceId) {
@@ -126,7 +141,7 @@ function renderRollouts(data) {
     const box = el("div", { class: "rollout", "data-rollout": r.id, "data-state": r.state });
     box.append(el("div", { class: "head" },
       el("strong", { text: r.id }), el("span", { class: `badge ${r.state}`, text: r.state }),
-      el("span", { class: "muted", text: `group ${r.group} · ${r.bundles.join(", ")}` }), rolloutButtons(r)));
+      el("span", { class: "muted", text: `group ${r.group} · slot ${r.slot || "default"} · ${r.bundles.join(", ")}` }), rolloutButtons(r)));
     const waves = el("div", { class: "waves" });
     for (const w of r.waves) {
       const bar = el("div", { class: "bar", title: JSON.stringify(w.counts) });

@@ -8,7 +8,9 @@ manifest, the signed offer's transfer layout and the bundle's golden set:
 - the bundle's own latency: the build's measurement, and the farm devices' per profile (`convert --measure-on`);
 - the golden outputs' score bands (`golden_bands`): what any output within tolerance of the build's can score
   (a generative bundle's: its golden prompts' floors up to 1, `generative_bands`);
-- the golden set's size (an install runs it once at least).
+- the golden set's size (an install runs it once at least);
+- the memory it needs on a device: the converter's measured peak per runtime (`Manifest.resources`), or, for a
+  bundle built before that was measured, the size of its files (planning admission counts those twice).
 Numbers only: nothing here is a string a device chose.
 """
 
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from edgefleet.control.rollout.judge.golden_bands import Band, OutputBands, generative_bands, golden_bands
 from edgefleet.control.rollout.judge.latency import Source
 from edgefleet.control.store import Store
-from edgefleet.core.bundle.manifest import Manifest
+from edgefleet.core.bundle.manifest import Manifest, ResourceNeeds
 from edgefleet.core.errors import BundleError
 from edgefleet.core.messages import Transfer
 from edgefleet.core.quality.generation import GoldenPrompts
@@ -60,6 +62,19 @@ class BundleFacts(BaseModel):
     farm_latency_ms: dict[str, float] = Field(
         default_factory=dict, description="profile → median p50 of the farm devices of that profile"
     )
+    runtime: str = Field(default="", description="the runtime the bundle was built for (its recipe's)")
+    peak_memory_mb: dict[str, float] = Field(
+        default_factory=dict, description="runtime/provider → measured peak memory (empty: not measured)"
+    )
+    files_bytes: int = Field(default=0, ge=0, description="the bytes of the files the manifest lists")
+
+    def memory_mb(self) -> tuple[float, bool]:
+        """(MB the bundle needs loaded, measured): the measured peak for its runtime (else the largest measured),
+        or its files' size × 2 when the converter measured none (`measured` False)."""
+        if self.peak_memory_mb:
+            resources = ResourceNeeds(peak_memory_mb=self.peak_memory_mb)
+            return resources.peak_mb(self.runtime or None), True
+        return 2 * (self.files_bytes or self.size) / (1024 * 1024), False
 
     def needed_bytes(self, held: Iterable[BundleFacts]) -> int:
         """Bytes a device must fetch when it holds the chunks of `held` (the bundles it is recorded as having
@@ -137,6 +152,9 @@ def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | GoldenP
         build_latency_ms=latency.median_ms if latency is not None and latency.median_ms > 0 else None,
         build_machine=latency.machine if latency is not None else "",
         farm_latency_ms={p: statistics.median(v) for p, v in farm.items()},
+        runtime=manifest.recipe.runtime,
+        peak_memory_mb=dict(manifest.resources.peak_memory_mb) if manifest.resources else {},
+        files_bytes=sum(f.size for f in manifest.files),
     )  # fmt: skip
 
 

@@ -148,9 +148,11 @@ def delete_batched(db: Database, table: str, cond: str, bound: float, batch_rows
 
 
 def device_window(
-    table: str, columns: str, device_id: str, since: float, until: float | None, bundle_id: str | None
-) -> tuple[str, list[Any]]:
-    """The query for one device's rows of `table` in [since, until), optionally of one bundle, oldest first."""
+    table: str, columns: str, device_id: str, since: float, until: float | None, bundle_id: str | None,
+    slot: str | None = None,
+) -> tuple[str, list[Any]]:  # fmt: skip
+    """The query for one device's rows of `table` in [since, until), optionally of one bundle and one slot, oldest
+    first."""
     sql = f"SELECT {columns} FROM {table} WHERE device_id = ? AND ts >= ?"
     params: list[Any] = [device_id, since]
     if until is not None:
@@ -159,4 +161,7 @@ def device_window(
     if bundle_id is not None:
         sql += " AND bundle_id = ?"
         params.append(bundle_id)
+    if slot is not None:
+        sql += " AND slot = ?"
+        params.append(slot)
     return sql + " ORDER BY ts", params

@@ -71,7 +71,7 @@ def dashboard(
             manifests = [publish(host, plane.store, b) for b in (v1, v2, v3)]
             deploy(host, Topics(), manifests[0], devices=[], groups=["dash"])
             wait_until("telemetry on v1", lambda: all(
-                (t := plane.store.latest_telemetry().get(d)) and t.p95_ms for d in DEVICES))  # fmt: skip
+                (t := plane.store.latest_telemetry().get((d, "default"))) and t.p95_ms for d in DEVICES))  # fmt: skip
             enroll(plane.store, DEVICES, ["dash"])
             for manifest in manifests[1:]:
                 spec = make_spec(group="dash", bundles=[bundle_ref(manifest)], waves=["100%"], timing=timing)

@@ -71,7 +71,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> 
             manifests = [publish(host, plane.store, b) for b in bundles]
             deploy(host, Topics(), manifests[0], devices=[], groups=[GROUP, "dq-edge"])
             wait_until("every device on v1", lambda: all(
-                (r := plane.store.device(d)) and r.active_bundle == bid(1) for d in [*DEVICES, DRIFTER]))  # fmt: skip
+                (r := plane.store.device(d)) and r.running() == bid(1) for d in [*DEVICES, DRIFTER]))  # fmt: skip
             enroll(plane.store, DEVICES, [GROUP])
             enroll(plane.store, [DRIFTER], ["dq-edge"])
             for version, extra in ((2, {}), (3, {}), (4, {"shadow": {"observe_s": 1.0, "timeout_s": 20.0}})):

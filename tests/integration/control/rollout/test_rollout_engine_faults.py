@@ -18,7 +18,7 @@ from edgefleet.control.rollout.judge.bundle_facts import BundleFacts
 from edgefleet.control.rollout.plan import BundleRef
 from edgefleet.control.store import BundleRecord, RolloutRow, Store
 from edgefleet.control.store.open import open_store
-from edgefleet.core.messages import DeviceStatus, Event, LatencySummary, LinkReport, Telemetry
+from edgefleet.core.messages import DeviceStatus, Event, LatencySummary, LinkReport, SlotStatus, Telemetry
 
 PROFILE = "generic-x86-64"
 V1 = BundleRecord("m-1-generic-x86-64", "m", "1", PROFILE, 1000, 0.01, 0.0)
@@ -55,8 +55,9 @@ def devices(store: Store, clock: Clock, group: str, ids: list[str], bundle: str 
         for d in ids
     ]  # fmt: skip
     store.add_telemetry(before, clock.now - 1)
-    statuses = [DeviceStatus(device_id=d, online=True, state="serving", profile=PROFILE, active_bundle=bundle,
-                             active_model="m@1", verified=True) for d in ids]  # fmt: skip
+    serving = SlotStatus(slot="default", state="serving", active_bundle=bundle, active_model="m@1", verified=True)
+    statuses = [DeviceStatus(device_id=d, online=True, state="serving", profile=PROFILE, slots=[serving])
+                for d in ids]  # fmt: skip
     store.upsert_statuses(statuses, clock.now)
     store.add_events([Event(device_id=d, kind="committed", seq=1, ts=clock.now, bundle_id=bundle) for d in ids],
                      clock.now)  # fmt: skip
@@ -123,9 +124,10 @@ def test_a_device_whose_records_cannot_be_read_fails_alone_with_the_reason(store
     engine.tick()  # baseline → deploying
     clock.now += 1
     for d in ("l-0", "l-1", "l-2"):  # they install v2 and report on it
+        serving = SlotStatus(slot="default", state="serving", active_bundle=V2.bundle_id, active_model="m@2",
+                             verified=True)  # fmt: skip
         store.upsert_statuses([DeviceStatus(device_id=d, online=True, state="serving", profile=PROFILE,
-                                            active_bundle=V2.bundle_id, active_model="m@2", verified=True)],
-                              clock.now)  # fmt: skip
+                                            slots=[serving])], clock.now)  # fmt: skip
         store.add_events([Event(device_id=d, kind="committed", seq=2, ts=clock.now, bundle_id=V2.bundle_id)],
                          clock.now)  # fmt: skip
     engine.tick()  # deploying → observing

@@ -57,7 +57,7 @@ def test_a_made_up_active_bundle_never_reaches_a_signed_document(
             device.publish_status()
 
         fleet.sims.call(lie)
-        wait_until("the lie", lambda: fleet.store.device(liar).active_bundle == "made-up-bundle-9")  # type: ignore[union-attr]
+        wait_until("the lie", lambda: fleet.store.device(liar).running() == "made-up-bundle-9")  # type: ignore[union-attr]
         doc = finished(fleet.store, fleet.start(canary="2", waves=["100%"]))
         assert doc.state == "rolled-back", doc.log
         progress = doc.devices[liar]

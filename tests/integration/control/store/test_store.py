@@ -23,14 +23,23 @@ from edgefleet.control.store import (
     write_ms_quantile,
 )
 from edgefleet.core.errors import UnknownNameError
-from edgefleet.core.messages import DeviceStatus, Event, GenerationStats, Hardware, LatencySummary, Telemetry
+from edgefleet.core.messages import (
+    DeviceStatus,
+    Event,
+    GenerationStats,
+    Hardware,
+    LatencySummary,
+    SlotStatus,
+    Telemetry,
+)
 
 
 def status(device: str, *, online: bool = True, bundle: str | None = "b1", ts: float = 1000.0) -> DeviceStatus:
     return DeviceStatus(
         device_id=device, online=online, state="serving" if online else "offline", ts=ts, profile="p",
-        groups=["line-1"], active_bundle=bundle if online else None, active_model="m@1" if bundle else None,
-        verified=bool(bundle), hardware=Hardware(arch="x86_64", os="linux", cpu_count=2, memory_mb=1, hostname="h"),
+        groups=["line-1"], hardware=Hardware(arch="x86_64", os="linux", cpu_count=2, memory_mb=1, hostname="h"),
+        slots=[SlotStatus(slot="default", state="serving", active_bundle=bundle, active_model="m@1",
+                          verified=True)] if online and bundle else [],
     )  # fmt: skip
 
 
@@ -105,11 +114,16 @@ def test_reports_without_a_sequence_are_never_deduplicated(store: Store) -> None
     assert store.add_telemetry([report, report], 1.0) == 2
 
 
-def test_latest_telemetry_keeps_the_newest_per_device(store: Store) -> None:
+def test_latest_telemetry_keeps_the_newest_per_device_and_slot(store: Store) -> None:
     store.add_telemetry([telemetry("d1", 2, 1002.0, p95=2.0), telemetry("d2", 1, 1001.0)], 1.0)
     store.add_telemetry([telemetry("d1", 1, 1001.0, p95=1.0)], 2.0)  # late, older
+    store.add_telemetry([telemetry("d1", 3, 1000.0, p95=9.0).model_copy(update={"slot": "assistant"})], 3.0)
     latest = store.latest_telemetry()
-    assert latest["d1"].p95_ms == 2.0 and latest["d1"].seq == 2 and set(latest) == {"d1", "d2"}
+    assert latest[("d1", "default")].p95_ms == 2.0 and latest[("d1", "default")].seq == 2
+    assert latest[("d1", "assistant")].p95_ms == 9.0, "another slot's report never hides the default slot's"
+    assert set(latest) == {("d1", "default"), ("d1", "assistant"), ("d2", "default")}
+    assert [p.seq for p in store.telemetry("d1", 0.0, slot="assistant")] == [3]
+    assert [p.seq for p in store.telemetry("d1", 0.0, slot="default")] == [1, 2]
 
 
 def test_a_language_models_token_figures_are_stored_with_its_report(store: Store) -> None:
@@ -121,7 +135,7 @@ def test_a_language_models_token_figures_are_stored_with_its_report(store: Store
     )  # fmt: skip
     store.add_telemetry([telemetry("d1", 1, 1001.0).model_copy(update={"generation": generation})], 1.0)
     store.add_telemetry([telemetry("d1", 1, 1001.0).model_copy(update={"generation": generation})], 2.0)  # a repeat
-    assert store.latest_quality()["d1"].generation == generation
+    assert store.latest_quality()[("d1", "default")].generation == generation
     assert [q.generation for q in store.quality("d1", 0.0)] == [generation]
 
 
@@ -131,7 +145,7 @@ def test_statuses_update_the_registry_and_the_last_will_keeps_the_bundle(store: 
     device = store.device("d1")
     assert device is not None
     assert not device.online and device.state == "offline"
-    assert device.active_bundle == "b1", "the will says nothing about the bundle: keep the last known"
+    assert device.running() == "b1", "the will says nothing about the slots: keep the last known"
     assert device.status_ts == 1100.0 and device.first_seen == 1000.5
     assert device.arch == "x86_64" and device.groups == ("line-1",)
 
@@ -203,14 +217,14 @@ def test_groups_deployments_published_and_bundles_round_trip(store: Store) -> No
     store.put_deployment(pin)
     assert store.deployments() == [pin, base]
     assert store.delete_deployment("device", "d1") == 1 and store.deployments() == [base]
-    store.set_published("d1", PublishedDesired("d1", "b1", False, 3.0))
-    assert store.published()["d1"].bundle_id == "b1"
-    store.set_published("d1", None)
+    store.set_published(("d1", "default"), PublishedDesired("d1", "b1", False, 3.0))
+    assert store.published()[("d1", "default")].bundle_id == "b1"
+    store.set_published(("d1", "default"), None)
     assert store.published() == {}
-    store.set_published_many([(f"d{i}", PublishedDesired(f"d{i}", "b2", False, 5.0)) for i in range(100)])
-    store.set_published_many([("d0", None), ("d1", PublishedDesired("d1", "b3", True, 6.0))])
+    store.set_published_many([((f"d{i}", "default"), PublishedDesired(f"d{i}", "b2", False, 5.0)) for i in range(100)])
+    store.set_published_many([(("d0", "default"), None), (("d1", "default"), PublishedDesired("d1", "b3", True, 6.0))])
     published = store.published()
-    assert len(published) == 99 and published["d1"] == PublishedDesired("d1", "b3", True, 6.0)
+    assert len(published) == 99 and published[("d1", "default")] == PublishedDesired("d1", "b3", True, 6.0)
     store.put_bundle(BundleRecord("b1", "m", "1", "p", 10, 0.01, 4.0))
     assert store.bundle("b1") == BundleRecord("b1", "m", "1", "p", 10, 0.01, 4.0) and store.bundle("x") is None
 
@@ -248,7 +262,7 @@ def test_a_lease_term_fences_rollout_writes_of_a_holder_that_lost_it(store: Stor
     with pytest.raises(FencedOut):
         stale.put_deployment(Deployment("device", "d1", "p", "b2", "m", "2", updated_at=2.0))
     with pytest.raises(FencedOut):
-        stale.set_published("d1", PublishedDesired("d1", "b2", False, 2.0))
+        stale.set_published(("d1", "default"), PublishedDesired("d1", "b2", False, 2.0))
     with pytest.raises(FencedOut):
         stale.delete_deployment("device", "d1")
     row = store.rollout("r1")

@@ -66,7 +66,7 @@ def test_quality_figures_are_stored_with_their_report_and_read_back(store: Store
     assert store.latest_quality() == {}, "only devices the registry knows"
     store.upsert_statuses([DeviceStatus(device_id="q-1", online=True, state="serving")], received_at=101.0)
     store.add_telemetry([report(3, 102.0, probe_requests=4)], received_at=102.0)
-    assert store.latest_quality()["q-1"].ts == 102.0
+    assert store.latest_quality()[("q-1", "default")].ts == 102.0
     assert store.quality("q-1", 0.0, bundle_id="other") == []
 
 
@@ -106,8 +106,8 @@ def test_an_older_store_gains_the_shadow_columns_and_keeps_its_rows(tmp_path: Pa
         assert store.deployments()[0].shadow_bundle_id is None
         store.put_deployment(Deployment("group", "g", "p", "b-1", "m", "1", shadow_bundle_id="b-2"))
         assert store.deployments()[0].shadow_bundle_id == "b-2"
-        store.set_published("d-1", PublishedDesired("d-1", "b-1", False, 1.0, "b-2"))
-        assert store.published()["d-1"].shadow_bundle_id == "b-2"
+        store.set_published(("d-1", "default"), PublishedDesired("d-1", "b-1", False, 1.0, "b-2"))
+        assert store.published()[("d-1", "default")].shadow_bundle_id == "b-2"
     finally:
         store.close()
 
