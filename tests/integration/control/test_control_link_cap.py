@@ -54,12 +54,12 @@ class _Device:
         self.inbox: queue.Queue[bytes] = queue.Queue()
         self.conn = Connection(broker.url, DEVICE).start()
         self.conn.subscribe(
-            Topics().device_desired(DEVICE), lambda _t, payload, _retained: self.inbox.put(payload), qos=1
+            Topics().device_desired(DEVICE, "default"), lambda _t, payload, _retained: self.inbox.put(payload), qos=1
         )
 
     def next_cap(self) -> int | None:
         """Take the next document from the broker, as the agent does, and return the link's cap after it."""
-        self.state.on_message("device", None, self.inbox.get(timeout=30))
+        self.state.on_message("device", None, "default", self.inbox.get(timeout=30))
         self.link.apply_desired(self.state.effective())
         return self.link.cap
 
