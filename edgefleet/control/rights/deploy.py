@@ -86,7 +86,7 @@ def grant_deploy(
             device_id, its_groups, skip_own=device_id in named, skip_groups=deployed_groups, slot=slot
         )
         base = frozenset(a for a in have if not is_granted(topics, a))
-        return base | granted_acls(topics, its_groups, sorted(bundles | {bundle_id}))
+        return base | granted_acls(topics, its_groups, sorted(bundles | {bundle_id}), device_id)
 
     change = rights.apply(want, named | members)
     granted = sorted((named | members) - set(change.unknown))

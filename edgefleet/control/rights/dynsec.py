@@ -101,9 +101,25 @@ def bundle_acls(topics: Topics, bundle_id: str) -> list[Acl]:
     )
 
 
-def granted_acls(topics: Topics, groups: Iterable[str], bundles: Iterable[str]) -> set[Acl]:
-    """The rights that follow deployments: group desired topics and bundle topics."""
-    acls: set[Acl] = set()
+def own_desired_acls(topics: Topics, device_id: str) -> set[Acl]:
+    """A device's read of its own desired documents, every slot (`devices/{id}/desired/+`). A base right, which the
+    control plane also keeps as it should be: a role made before slots held the single-model literal topic
+    (`devices/{id}/desired`), which the next rights sync replaces with this one."""
+    return set(_read(topics.device_desired_slots(device_id), pattern=True))
+
+
+def _own_desired(topics: Topics, topic: str) -> bool:
+    """Whether `topic` is a device's own desired topic as a role may hold it (per slot, or the legacy literal)."""
+    head = f"{topics.prefix}/devices/"
+    return topic.startswith(head) and (topic.endswith("/desired/+") or topic.endswith("/desired"))
+
+
+def granted_acls(
+    topics: Topics, groups: Iterable[str], bundles: Iterable[str], device_id: str | None = None
+) -> set[Acl]:
+    """The rights that follow deployments: group desired topics and bundle topics (and, given `device_id`, the
+    device's own desired topics, kept current: `own_desired_acls`)."""
+    acls: set[Acl] = own_desired_acls(topics, device_id) if device_id is not None else set()
     for group in groups:
         acls.update(group_acls(topics, group))
     for bundle_id in bundles:
@@ -112,8 +128,10 @@ def granted_acls(topics: Topics, groups: Iterable[str], bundles: Iterable[str]) 
 
 
 def is_granted(topics: Topics, acl: Acl) -> bool:
-    """Whether `acl` is one the control plane manages (a group's desired, a bundle's, chunks), not a base right."""
-    return acl.topic.startswith((f"{topics.prefix}/bundles/", f"{topics.prefix}/groups/", f"{topics.prefix}/chunks/"))
+    """Whether `acl` is one the control plane manages (a group's desired, a bundle's, chunks, the device's own
+    desired topics), not a base right."""
+    managed = (f"{topics.prefix}/bundles/", f"{topics.prefix}/groups/", f"{topics.prefix}/chunks/")
+    return acl.topic.startswith(managed) or _own_desired(topics, acl.topic)
 
 
 def host_acls(topics: Topics) -> list[Acl]:
@@ -196,5 +214,6 @@ __all__ = [
     "group_acls",
     "host_acls",
     "is_granted",
+    "own_desired_acls",
     "render_config",
 ]

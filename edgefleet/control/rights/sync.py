@@ -173,7 +173,7 @@ class DynsecRights:
         def want_of(device_id: str, have: frozenset[Acl]) -> frozenset[Acl]:
             grant = grants[device_id]  # + what someone else granted just before its document (grace, see there)
             bundles = grant.bundles | self.grace.kept(device_id, held_bundles(self.topics, have), grant.bundles)
-            return frozenset(granted_acls(self.topics, sorted(grant.groups), sorted(bundles)))
+            return frozenset(granted_acls(self.topics, sorted(grant.groups), sorted(bundles), device_id))
 
         for device_id, grant in grants.items():  # a changed grant (a new document): re-read what the role holds,
             if self._followed.get(device_id) != grant:  # since whoever published it may have changed it too

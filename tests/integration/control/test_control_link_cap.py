@@ -59,7 +59,7 @@ class _Device:
 
     def next_cap(self) -> int | None:
         """Take the next document from the broker, as the agent does, and return the link's cap after it."""
-        self.state.on_message("device", None, self.inbox.get(timeout=30))
+        self.state.on_message("device", None, "default", self.inbox.get(timeout=30))
         self.link.apply_desired(self.state.effective())
         return self.link.cap
 
