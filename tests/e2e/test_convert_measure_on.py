@@ -25,6 +25,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 from support.fleet import AgentProcess, FleetWatcher
 from support.paths import DIGITS
 from support.servers.brokers import MosquittoBroker
+from support.slots import slot_of
 
 StartAgent = Callable[..., AgentProcess]
 
@@ -101,7 +102,7 @@ def test_each_profiles_recipe_is_chosen_by_what_its_own_devices_measured(
     assert "measured on the devices: median over the devices" in page and "<td>lab-vnni-2</td>" in page
     # Candidates are measured, never installed.
     for device in ("lab-vnni-1", "lab-vnni-2", "lab-pi"):
-        assert watcher.status[device].active_bundle is None
+        assert slot_of(watcher.status[device]).active_bundle is None
 
 
 class _SilencedFarm(FleetFarm):

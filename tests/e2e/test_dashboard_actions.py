@@ -71,7 +71,9 @@ def test_an_operator_logs_in_starts_a_rollout_that_passes_aborts_another_and_is_
     ):
         store, url = plane.store, plane.dashboard_url
         assert url is not None
-        wait_until("telemetry from every agent", lambda: all(store.latest_telemetry().get(d) for d in DEVICES))
+        wait_until(
+            "telemetry from every agent", lambda: all(store.latest_telemetry().get((d, "default")) for d in DEVICES)
+        )
         publish(host, store, demo_bundles["intel-x86-vnni"])  # the host's record of v1: the rollback target
         enroll(store, DEVICES, [GROUP], profile=None)
         v2, v3 = publish(host, store, v2_path).bundle_id, publish(host, store, v3_path).bundle_id

@@ -107,7 +107,7 @@ def test_a_wave_whose_traffic_drifts_is_rolled_back_and_a_wave_with_clean_traffi
         spec = make_spec(group="drifting", bundles=[bundle_ref(manifest)], canary="1", waves=["100%"],
                          thresholds=THRESHOLDS, timing=TIMING)  # fmt: skip
         with RoutedTraffic(host, topics, {d: "clean" for d in devices}) as traffic:
-            wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get(d) for d in devices))
+            wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get((d, "default")) for d in devices))
             publish(host, plane.store, demo_bundles[PROFILE])  # the host's record of v1: the rollback target
             enroll(plane.store, devices, ["drifting"], profile=None)
             rollout_id = prepare_rollout(plane.store, spec).id
@@ -148,7 +148,7 @@ def test_a_canary_with_too_few_drift_samples_is_never_passed_blind(
         for device in devices:
             watcher.serving(device, v1, timeout=90)
         manifest = publish(host, plane.store, v2)
-        wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get(d) for d in devices))
+        wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get((d, "default")) for d in devices))
         publish(host, plane.store, demo_bundles[PROFILE])
         enroll(plane.store, devices, ["thin"], profile=None)
         spec = make_spec(group="thin", bundles=[bundle_ref(manifest)], canary="1", waves=["100%"],

@@ -29,6 +29,7 @@ from support.fleet import AgentProcess, FleetWatcher, deploy_to, derive_bundle
 from support.models.generative import TinylmBundles
 from support.rollouts.control_plane import control_plane, enroll, finished, publish, wait_until
 from support.servers.brokers import MosquittoBroker, free_port
+from support.slots import slot_of
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +91,9 @@ def test_a_language_model_rolls_out_in_waves_streams_from_each_device_and_a_slow
         for device in DEVICES:
             watcher.serving(device, v1, timeout=120)
         enroll(plane.store, list(DEVICES), [GROUP], profile=None)
-        wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get(d) for d in DEVICES), timeout=60)
+        wait_until(
+            "telemetry", lambda: all(plane.store.latest_telemetry().get((d, "default")) for d in DEVICES), timeout=60
+        )
 
         # A rollout in waves (a canary, then the rest), judged on token latency and next-token agreement.
         v2 = publish(host, plane.store, v2_bundle)
@@ -149,5 +152,5 @@ def test_a_language_model_rolls_out_in_waves_streams_from_each_device_and_a_slow
     assert doc.devices[canary].state == "rolled-back" and [w.state for w in doc.waves][1] == "pending"
     other = next(d for d in DEVICES if d != canary)
     watcher.serving(canary, v2.bundle_id, timeout=120)
-    assert watcher.status[other].active_bundle == v2.bundle_id
+    assert slot_of(watcher.status[other]).active_bundle == v2.bundle_id
     assert not [e for e in watcher.events if e.device_id == other and e.bundle_id == slow.bundle_id]

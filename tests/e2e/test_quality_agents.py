@@ -33,6 +33,7 @@ from support.models.quality_bundles import (
     convert_digits_like,
 )
 from support.paths import DIGITS
+from support.slots import slot_of
 
 StartAgent = Callable[..., AgentProcess]
 WINDOW = 256
@@ -185,7 +186,7 @@ def test_a_regression_bundle_with_a_bias_shift_fails_its_golden_check_on_the_dev
     event = watcher.event(device, "refused", bundle_id=second, timeout=60)  # refused at install
     assert "leave the golden tolerance" in event.detail and "SQNR" in event.detail, event.detail  # on every provider
     status = watcher.serving(device, first)
-    assert status.active_bundle == first and bias > 0
+    assert slot_of(status).active_bundle == first and bias > 0
 
 
 @pytest.mark.slow
@@ -233,7 +234,9 @@ def test_a_disagreeing_shadow_is_reported_with_its_agreement_and_never_answers_a
     assert shadow.latency is not None and shadow.latency.count == shadow.requests
     assert shadow.requests + shadow.dropped >= 60 - 1 and shadow.failures == 0
     status = watcher.status[device]
-    assert status.active_bundle == served == current.active_bundle  # the shadow was never committed nor served
+    assert (
+        slot_of(status).active_bundle == served == slot_of(current).active_bundle
+    )  # the shadow was never committed nor served
 
 
 # --- a quiet device

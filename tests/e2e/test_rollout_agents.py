@@ -19,6 +19,7 @@ from support.fleet import AgentProcess, FleetWatcher, deploy_to, derive_bundle
 from support.rollouts.agents import Traffic, less_accurate_bundle
 from support.rollouts.control_plane import control_plane, enroll, finished, publish, rollout, wait_until
 from support.servers.brokers import MosquittoBroker
+from support.slots import slot_of
 
 GROUP = "rollout-line"
 DEVICES = [f"ra-{i}" for i in range(4)]
@@ -58,7 +59,9 @@ def test_a_good_bundle_passes_every_wave_and_a_less_accurate_canary_is_rolled_ba
 
     with control_plane(mosquitto.url, tmp_path) as plane, Traffic(host, topics, DEVICES) as traffic:
         store = plane.store
-        wait_until("telemetry from every agent", lambda: all(store.latest_telemetry().get(d) for d in DEVICES))
+        wait_until(
+            "telemetry from every agent", lambda: all(store.latest_telemetry().get((d, "default")) for d in DEVICES)
+        )
         publish(host, store, demo_bundles["intel-x86-vnni"])  # the host's record of v1: the rollback target
         enroll(store, DEVICES, [GROUP], profile=None)
         good_manifest = publish(host, store, good)
@@ -97,7 +100,7 @@ def test_a_good_bundle_passes_every_wave_and_a_less_accurate_canary_is_rolled_ba
         watcher.serving(canary, good_manifest.bundle_id, timeout=60)
         for device in DEVICES:
             if device != canary:
-                assert watcher.status[device].active_bundle == good_manifest.bundle_id
+                assert slot_of(watcher.status[device]).active_bundle == good_manifest.bundle_id
                 seen = [e for e in watcher.events if e.device_id == device and e.bundle_id == bad_manifest.bundle_id]
                 assert not seen, "only the canary ever saw the bad build"
         assert traffic.sent > 500

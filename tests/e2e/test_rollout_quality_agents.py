@@ -28,6 +28,7 @@ from support.paths import DIGITS
 from support.rollouts.agents import Traffic, less_accurate_bundle
 from support.rollouts.control_plane import control_plane, enroll, finished, publish, wait_until
 from support.servers.brokers import MosquittoBroker
+from support.slots import slot_of
 
 PROFILE = "intel-x86-vnni"
 THRESHOLDS = {"max_latency_factor": 10.0, "latency_slack_ms": 2.0, "max_error_rate": 0.05, "min_requests": 10}
@@ -49,7 +50,7 @@ def test_a_quiet_canary_is_judged_from_its_probe_traffic(
     v2 = derive_bundle(demo_bundles[PROFILE], tmp_path, signing_key, TrustedKeys.load([keys[1]]), model_version="2")
     with control_plane(mosquitto.url, tmp_path) as plane:
         manifest = publish(host, plane.store, v2)
-        wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get(d) for d in devices))
+        wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get((d, "default")) for d in devices))
         publish(host, plane.store, demo_bundles[PROFILE])  # the host's record of v1: the rollback target
         enroll(plane.store, devices, ["quiet"], profile=None)
         spec = make_spec(group="quiet", bundles=[bundle_ref(manifest)], canary="1", waves=["100%"],
@@ -79,7 +80,7 @@ def test_a_disagreeing_shadow_stops_the_rollout_before_any_device_serves_it(
         watcher.serving(device, v1, timeout=90)
     with control_plane(mosquitto.url, tmp_path) as plane, Traffic(host, topics, devices):
         candidate = publish(host, plane.store, negated_digits_bundle)
-        wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get(d) for d in devices))
+        wait_until("telemetry", lambda: all(plane.store.latest_telemetry().get((d, "default")) for d in devices))
         publish(host, plane.store, demo_bundles[PROFILE])
         enroll(plane.store, devices, ["shadowed"], profile=None)
         spec = make_spec(group="shadowed", bundles=[bundle_ref(candidate)], canary="1", waves=["100%"],
@@ -92,7 +93,7 @@ def test_a_disagreeing_shadow_stops_the_rollout_before_any_device_serves_it(
     assert canary.agreement is not None and canary.agreement < 0.5 and canary.requests >= 30
     assert [w.state for w in doc.waves] == ["pending", "pending"]
     for device in devices:
-        assert watcher.status[device].active_bundle == v1, "nobody served the candidate"
+        assert slot_of(watcher.status[device]).active_bundle == v1, "nobody served the candidate"
         assert not [e for e in watcher.events if e.device_id == device and e.kind == "committed"
                     and e.bundle_id == candidate.bundle_id]  # fmt: skip
 
@@ -141,7 +142,7 @@ def test_a_canary_answering_worse_on_labelled_feedback_is_rolled_back_by_field_a
 
             def labelled() -> bool:
                 latest = plane.store.latest_quality()
-                return all(d in latest and latest[d].field_samples >= 30 for d in devices)
+                return all((d, "default") in latest and latest[(d, "default")].field_samples >= 30 for d in devices)
 
             wait_until("feedback on every device", labelled, timeout=120)
             publish(host, plane.store, demo_bundles[PROFILE])

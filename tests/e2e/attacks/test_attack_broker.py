@@ -106,19 +106,23 @@ def test_a_device_reads_only_its_own_topics(
 ) -> None:
     # What dev-b is sent, retained and live; a bundle nobody granted dev-evil.
     secrets_ = {
-        TOPICS.device_desired("dev-b"): _nonce(),
+        TOPICS.device_desired("dev-b", "default"): _nonce(),
         TOPICS.infer_request("dev-b"): _nonce(),
         TOPICS.generate_request("dev-b"): _nonce(),
         TOPICS.status("dev-b"): _nonce(),
         TOPICS.telemetry("dev-b"): _nonce(),
         TOPICS.bundle_offer("b-secret"): _nonce(),
         TOPICS.bundle_block("b-secret", 0): _nonce(),
-        TOPICS.group_desired("canary"): _nonce(),
+        TOPICS.group_desired("canary", "default"): _nonce(),
+        TOPICS.device_desired("dev-b", "detector"): _nonce(),  # another slot of dev-b's
+        TOPICS.legacy_device_desired("dev-b"): _nonce(),  # the single-model topic before slots
     }
     for topic, payload in secrets_.items():
         operator.publish(topic, payload, qos=1, retain=True, wait=WAIT)
     filters = [
         *secrets_,
+        TOPICS.device_desired_slots("dev-b"),
+        TOPICS.group_desired_slots("canary"),
         TOPICS.infer_responses("dev-b"),
         TOPICS.generate_responses("dev-b"),
         f"{TOPICS.prefix}/devices/+/status",
@@ -133,7 +137,7 @@ def test_a_device_reads_only_its_own_topics(
     evil = Connection(broker.url, "evil", protocol="5", tls=broker.pki.tls("dev-evil"))
     for topic_filter in filters:  # forbidden ones first: their retained messages would arrive before the allowed
         evil.subscribe(topic_filter, inbox)
-    own = TOPICS.device_desired("dev-evil")
+    own = TOPICS.device_desired("dev-evil", "default")
     evil.subscribe(own, inbox)
     evil.start(wait=WAIT)
     try:
@@ -168,9 +172,9 @@ def test_a_device_certificate_cannot_publish_desired_state_or_offers(
     desired = json.dumps({"schema_version": 1, "bundle_id": "b-old", "model_version": "1", "rollback": True}).encode()
     offer = json.dumps({"schema_version": 1, "bundle_id": "b-forged", "transfer": {"size": 2**31}}).encode()
     forged = {
-        TOPICS.device_desired("dev-evil"): desired,
-        TOPICS.device_desired("dev-a"): desired,
-        TOPICS.group_desired("lab"): desired,
+        TOPICS.device_desired("dev-evil", "default"): desired,
+        TOPICS.device_desired("dev-a", "default"): desired,
+        TOPICS.group_desired("lab", "default"): desired,
         TOPICS.bundle_offer("b-forged"): offer,
         TOPICS.bundle_block("b-forged", 0): b"\x00" * 1024,
         TOPICS.status("dev-a"): b'{"forged": true}',
@@ -282,17 +286,17 @@ def test_rights_follow_grants_and_revocations(broker: SecureBroker, operator: Co
         assert device.wait_connected(WAIT)
         _settle(operator)
         later, own = _nonce(), _nonce()
-        device.subscribe(TOPICS.device_desired("dev-b"), inbox)
+        device.subscribe(TOPICS.device_desired("dev-b", "default"), inbox)
         operator.publish(TOPICS.bundle_offer("b-7"), later, qos=1, retain=True, wait=WAIT)
-        operator.publish(TOPICS.device_desired("dev-b"), own, qos=1, wait=WAIT)
-        inbox.wait_for(TOPICS.device_desired("dev-b"), own)
+        operator.publish(TOPICS.device_desired("dev-b", "default"), own, qos=1, wait=WAIT)
+        inbox.wait_for(TOPICS.device_desired("dev-b", "default"), own)
         assert (TOPICS.bundle_offer("b-7"), later, False) not in inbox.messages
         # A device the broker does not know is reported, not invented.
         assert rights.follow({"dev-nobody": DeviceGrant("dev-nobody")}).unknown == ["dev-nobody"]
     finally:
         device.stop()
         operator.publish(TOPICS.bundle_offer("b-7"), b"", qos=1, retain=True, wait=WAIT)
-        operator.publish(TOPICS.device_desired("dev-b"), b"", qos=1, retain=True, wait=WAIT)
+        operator.publish(TOPICS.device_desired("dev-b", "default"), b"", qos=1, retain=True, wait=WAIT)
 
 
 def test_dynsec_config_cli(tmp_path: Path) -> None:
@@ -309,9 +313,12 @@ def test_dynsec_config_cli(tmp_path: Path) -> None:
     }  # fmt: skip
     assert [c["username"] for c in config["clients"]] == ["edgefleet-host", "d1"]
     d1 = next(r for r in config["roles"] if r["rolename"] == "edgefleet-device-d1")
-    assert {"acltype": "subscribeLiteral", "topic": TOPICS.group_desired("lab"), "priority": 0, "allow": True} in d1[
-        "acls"
-    ]
+    assert {
+        "acltype": "subscribePattern",
+        "topic": TOPICS.group_desired_slots("lab"),
+        "priority": 0,
+        "allow": True,
+    } in d1["acls"]
     again = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=60)
     assert again.returncode != 0 and "refusing to overwrite" in again.stderr
 
@@ -359,16 +366,16 @@ def test_keys_enroll_adds_a_device_to_the_running_broker(broker: SecureBroker, o
     assert json.loads(result.stdout) == {"identity": "dev-late", "role": "device", "groups": ["lab"]}
     inbox = Inbox()
     late = Connection(broker.url, "late", protocol="5", tls=broker.pki.tls("dev-late"))
-    late.subscribe(TOPICS.group_desired("lab"), inbox)
-    late.subscribe(TOPICS.device_desired("dev-a"), inbox)
+    late.subscribe(TOPICS.group_desired("lab", "default"), inbox)
+    late.subscribe(TOPICS.device_desired("dev-a", "default"), inbox)
     late.start(wait=WAIT)
     try:
         marker = _nonce()
-        operator.publish(TOPICS.device_desired("dev-a"), _nonce(), qos=1, wait=WAIT)
+        operator.publish(TOPICS.device_desired("dev-a", "default"), _nonce(), qos=1, wait=WAIT)
         late.publish(TOPICS.status("dev-late"), b"{}", qos=1, retain=True, wait=WAIT)  # allowed now
-        operator.publish(TOPICS.group_desired("lab"), marker, qos=1, wait=WAIT)
-        inbox.wait_for(TOPICS.group_desired("lab"), marker)
-        assert inbox.topics() == {TOPICS.group_desired("lab")}
+        operator.publish(TOPICS.group_desired("lab", "default"), marker, qos=1, wait=WAIT)
+        inbox.wait_for(TOPICS.group_desired("lab", "default"), marker)
+        assert inbox.topics() == {TOPICS.group_desired("lab", "default")}
         again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert again.returncode != 0 and "already exists" in again.stderr, again.stderr
         assert files.cert.exists()

@@ -30,6 +30,7 @@ from support.attacks.common import bundle_id_of, cli_deploy, granted_bundles
 from support.attacks.ledger import AttackLedger
 from support.fleet import AgentProcess, FleetWatcher, derive_bundle
 from support.servers.secure_broker import CLI_IDENTITY, SecureBroker, make_pki
+from support.slots import slot_of
 
 PROFILE = "intel-x86-vnni"
 TOPICS = Topics()
@@ -104,16 +105,17 @@ def test_deploy_grants_rights_and_an_unsigned_clear_changes_nothing(
         # The attack: the intruder clears dc-1's and the group's retained documents.
         intruder = secure.connect(INTRUDER)
         try:
-            for topic in (TOPICS.device_desired("dc-1"), TOPICS.group_desired("lab")):
+            for topic in (TOPICS.device_desired("dc-1", "default"), TOPICS.group_desired("lab", "default")):
                 marker = len(watcher.events)
                 intruder.publish(topic, b"", qos=1, retain=True, wait=10)
                 event = _refused(watcher, "dc-1", topic, marker)
                 status = watcher.status["dc-1"]
-                changed = status.active_bundle != v3_id or not status.online
+                serves = slot_of(status).active_bundle
+                changed = serves != v3_id or not status.online
                 assert not attack_ledger.record(
-                    f"clearing a desired topic with an empty retained message ({topic.split('/')[-3]} topic)",
+                    f"clearing a desired topic with an empty retained message ({topic.split('/')[-4]} topic)",
                     changed,
-                    f"dc-1 refused it ({event.detail.split(': ', 1)[-1][:80]}…) and serves {status.active_bundle}",
+                    f"dc-1 refused it ({event.detail.split(': ', 1)[-1][:80]}…) and serves {serves}",
                 )
         finally:
             intruder.stop()
@@ -136,11 +138,12 @@ def test_deploy_grants_rights_and_an_unsigned_clear_changes_nothing(
         installs = [e for e in watcher.events if e.device_id == "dc-1" and e.bundle_id == bundle_id_of(v4)]
         assert not attack_ledger.record(
             "clearing a device's desired topic, then the device restarts",
-            status.active_bundle != v3_id or bool(installs),
-            f"after the restart dc-1 serves {status.active_bundle}, {len(installs)} events on the group's v4; "
+            slot_of(status).active_bundle != v3_id or bool(installs),
+            f"after the restart dc-1 serves {slot_of(status).active_bundle}, {len(installs)} events on the group's v4; "
             f"in force: {stale[:70]}…",
         )
-        assert status.active_model is not None and status.active_model.endswith("@3")
+        active_model = slot_of(status).active_model
+        assert active_model is not None and active_model.endswith("@3")
 
         # Only a signed clear clears: dc-1 forgets its own document, and the group's (kept across the unsigned
         # group clear) applies: v4.

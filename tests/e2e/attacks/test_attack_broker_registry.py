@@ -81,9 +81,9 @@ def test_a_device_reporting_itself_a_canary_gets_no_canary_deployment(store: Sto
     _deploy(store, "group", "canary", "b-canary-2")
     store.put_group(GroupDef(name="canary", devices=("cam-1",), priority=10))  # host-side: only cam-1
     plan = plan_desired(store)
-    assert plan["cam-1"].bundle_id == "b-canary-2"  # type: ignore[union-attr]
-    assert plan["liar"].bundle_id == "b-line-1"  # type: ignore[union-attr]
-    assert plan["fresh"] is None
+    assert plan[("cam-1", "default")].bundle_id == "b-canary-2"  # type: ignore[union-attr]
+    assert plan[("liar", "default")].bundle_id == "b-line-1"  # type: ignore[union-attr]
+    assert plan[("fresh", "default")] is None
     with pytest.raises(EmptyGroupError):
         require_members("nobody", store.groups(), store.devices())
     grants = device_grants(store, plan)
@@ -97,7 +97,7 @@ def test_a_device_reporting_itself_a_canary_gets_no_canary_deployment(store: Sto
         [DeviceStatus(device_id="fresh", online=True, state="idle", profile=PROFILE, groups=["self-made"])], time.time()
     )
     plan = plan_desired(store)
-    assert plan["fresh"].bundle_id == "b-self-3"  # type: ignore[union-attr]
+    assert plan[("fresh", "default")].bundle_id == "b-self-3"  # type: ignore[union-attr]
     assert device_grants(store, plan)["fresh"] == DeviceGrant("fresh", frozenset(), frozenset())
 
 

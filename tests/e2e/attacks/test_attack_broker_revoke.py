@@ -56,8 +56,8 @@ def _nonce() -> bytes:
 
 def _readable(device: str) -> list[str]:
     """What a device of group lab, granted BUNDLE, may read."""
-    return [TOPICS.device_desired(device), TOPICS.group_desired("lab"), TOPICS.bundle_offer(BUNDLE),
-            TOPICS.infer_request(device)]  # fmt: skip
+    return [TOPICS.device_desired(device, "default"), TOPICS.group_desired("lab", "default"),
+            TOPICS.bundle_offer(BUNDLE), TOPICS.infer_request(device)]  # fmt: skip
 
 
 def _writable(device: str) -> list[str]:
@@ -105,8 +105,8 @@ def test_a_revoked_device_certificate_can_do_nothing_on_the_broker(
     assert rights.follow(grants).granted == {"dev-ok": per_device, "dev-stolen": per_device}
     witness = Inbox()
     legit = Connection(secure.url, "dev-ok", protocol="5", tls=secure.pki.tls("dev-ok"))
-    legit.subscribe(TOPICS.device_desired("dev-ok"), witness)
-    legit.subscribe(TOPICS.group_desired("lab"), witness)
+    legit.subscribe(TOPICS.device_desired("dev-ok", "default"), witness)
+    legit.subscribe(TOPICS.group_desired("lab", "default"), witness)
     legit.start(wait=WAIT)
     inbox = Inbox()
     thief = Connection(secure.url, "thief", protocol="5", tls=secure.pki.tls("dev-stolen"))
@@ -171,8 +171,8 @@ def test_a_revoked_device_certificate_can_do_nothing_on_the_broker(
             store.close()
         legit.publish(TOPICS.status("dev-ok"), b"{}", qos=1, wait=WAIT)  # not refused
         again_marker = _nonce()
-        operator.publish(TOPICS.group_desired("lab"), again_marker, qos=1, wait=WAIT)
-        witness.wait_for(TOPICS.group_desired("lab"), again_marker)
+        operator.publish(TOPICS.group_desired("lab", "default"), again_marker, qos=1, wait=WAIT)
+        witness.wait_for(TOPICS.group_desired("lab", "default"), again_marker)
         # Revoking again says what is left to revoke (the client stays as a disabled tombstone, its role is gone).
         repeat = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert repeat.returncode == 0 and "disconnected" in json.loads(repeat.stdout)["broker"], repeat.stderr

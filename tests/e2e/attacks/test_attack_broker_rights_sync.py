@@ -36,6 +36,7 @@ from support.attacks.ledger import AttackLedger
 from support.fleet import AgentProcess, FleetWatcher, derive_bundle
 from support.rollouts.control_plane import control_plane, publish, wait_until
 from support.servers.secure_broker import CLI_IDENTITY, SecureBroker, make_pki
+from support.slots import slot_of
 
 PROFILE = "intel-x86-vnni"
 TOPICS = Topics()
@@ -102,7 +103,7 @@ def test_a_cli_deploy_keeps_its_rights_while_the_control_plane_syncs(
     client = DynsecClient(auditor)  # its own connection: grant_deploy answers on `operator`'s response topic
     watcher = FleetWatcher(operator, TOPICS)
     documents: list[bytes] = []  # every document retained on the CLI device's topic, in order
-    operator.subscribe(TOPICS.device_desired(CLI_DEVICE), lambda _t, payload, _r: documents.append(payload))
+    operator.subscribe(TOPICS.device_desired(CLI_DEVICE, "default"), lambda _t, payload, _r: documents.append(payload))
     # The CLI's device follows group lab (it may read lab's topic once the registry puts it there).
     agents = [
         _agent(secure, CLI_DEVICE, tmp_path, root_pub, ("lab",)),
@@ -146,7 +147,7 @@ def test_a_cli_deploy_keeps_its_rights_while_the_control_plane_syncs(
                     host_keys,
                 )
                 for name, payload in (("a replayed desired document", first_v1), ("a forged desired document", forged)):
-                    intruder.publish(TOPICS.device_desired(CLI_DEVICE), payload, qos=1, retain=True, wait=10)
+                    intruder.publish(TOPICS.device_desired(CLI_DEVICE, "default"), payload, qos=1, retain=True, wait=10)
                     settled()
                     rights = granted_bundles(client, CLI_DEVICE)
                     assert not attack_ledger.record(
@@ -195,7 +196,7 @@ def test_a_cli_deploy_keeps_its_rights_while_the_control_plane_syncs(
             cli_deploy(secure, v4, "--group", "lab")
             settled()
             assert granted_bundles(client, CLI_DEVICE) == {ids["3"], ids["4"]}
-            assert watcher.status[CLI_DEVICE].active_bundle == ids["3"]
+            assert slot_of(watcher.status[CLI_DEVICE]).active_bundle == ids["3"]
             clear_desired(operator, TOPICS, host_keys, device=CLI_DEVICE, wait=10)
             watcher.serving(CLI_DEVICE, ids["4"], timeout=120)
             settled()

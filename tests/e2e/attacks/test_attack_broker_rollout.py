@@ -88,14 +88,16 @@ def test_the_whole_rollout_path_on_the_secure_configuration(
             # group's desired state too (as `edgefleet deploy --group canary` does). Then the line gets v1: once
             # every line device serves it, the impostor had as long to take the canary bundle.
             deploy_group(store, "canary", manifests["1"])
-            operator.publish(TOPICS.group_desired("canary"), b'{"bundle_id": "canary-only"}', qos=1, retain=True)
+            operator.publish(
+                TOPICS.group_desired("canary", "default"), b'{"bundle_id": "canary-only"}', qos=1, retain=True
+            )
             deploy_group(store, "line", manifests["1"])
             for device in LINE:
                 watcher.serving(device, manifests["1"].bundle_id, timeout=120)
             evil_record = store.device(EVIL)
             assert evil_record is not None
             taken = [e for e in watcher.events if e.device_id == EVIL and e.bundle_id]
-            plan_has = store.published().get(EVIL)
+            plan_has = [p for (device, _slot), p in store.published().items() if device == EVIL]  # any slot
             client = DynsecClient(operator)
             rights = granted_bundles(client, EVIL)
             try:
@@ -107,7 +109,7 @@ def test_the_whole_rollout_path_on_the_secure_configuration(
             warnings = registry_warnings(evil_record)
             assert not attack_ledger.record(
                 "a device making itself a canary (agent --group canary)",
-                bool(taken or plan_has or rights or in_rollout or evil_record.active_bundle),
+                bool(taken or plan_has or rights or in_rollout or any(s.active_bundle for s in evil_record.slots)),
                 f"desired published: {plan_has or 'none'}; bundle rights: {sorted(rights) or 'none'}; events on a "
                 f"bundle: {len(taken)}; in a canary rollout: {in_rollout}; warning: {warnings[-1]}",
             )
@@ -117,7 +119,8 @@ def test_the_whole_rollout_path_on_the_secure_configuration(
 
             with Traffic(operator, TOPICS, LINE):
                 wait_until(
-                    "telemetry from every line agent", lambda: all(store.latest_telemetry().get(d) for d in LINE)
+                    "telemetry from every line agent",
+                    lambda: all(store.latest_telemetry().get((d, "default")) for d in LINE),
                 )
 
                 # A good rollout through every wave: rights move from v1 to v2, device by device.

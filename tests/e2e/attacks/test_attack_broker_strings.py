@@ -19,7 +19,7 @@ import pytest
 
 from edgefleet.control.dashboard.app import DASHBOARD_TEXT_LIMIT
 from edgefleet.control.dashboard.auth import issue_token
-from edgefleet.core.messages import DeviceStatus, Event, Hardware
+from edgefleet.core.messages import DeviceStatus, Event, Hardware, SlotStatus
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
 from edgefleet.core.untrusted import MAX_SHOWN, safe_text
@@ -67,7 +67,9 @@ def test_hostile_device_strings_are_inert_in_the_cli_and_dashboard(
     hardware = refused.model_copy(update={"hostname": "hostile-host", "os": HOSTILE})
     status = DeviceStatus(
         device_id=DEVICE, online=True, state="serving", profile="generic-x86-64", hardware=hardware,
-        last_error=HOSTILE, provider_summary=HOSTILE, active_model=HOSTILE[:300],
+        last_error=HOSTILE,
+        slots=[SlotStatus(slot="default", state="serving", last_error=HOSTILE, provider_summary=HOSTILE,
+                          active_model=HOSTILE[:300])],
     )  # fmt: skip
     try:
         with control_plane(mosquitto.url, tmp_path, http_port=0) as plane:

@@ -24,6 +24,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 from support.attacks.ledger import AttackLedger
 from support.fleet import AgentProcess, FleetWatcher, deploy_to, derive_bundle
+from support.slots import slot_of
 
 StartAgent = Callable[..., AgentProcess]
 REFUSALS = ("refused",)  # refused before its commit: nothing changed on the device
@@ -123,7 +124,7 @@ def test_a_model_path_outside_the_bundle_is_refused_though_signed_by_the_real_ke
         event = _refusal(watcher, device, bundle_id)
         assert "model_path" in event.detail and "not a relative path inside the bundle" in event.detail
         downloaded = any(e.bundle_id == bundle_id and e.kind == "download-started" for e in watcher.events)
-        succeeded = _committed(watcher, device, bundle_id) or watcher.status[device].active_bundle != v1_id
+        succeeded = _committed(watcher, device, bundle_id) or slot_of(watcher.status[device]).active_bundle != v1_id
         assert not downloaded, "refused from the signed manifest alone, before a block is fetched"
         assert not attack_ledger.record(name, succeeded, event.detail)
     _still_installs(host, topics, watcher, device, derive_bundle(v1, tmp_path, signing_key, trusted, model_version="9"))
@@ -153,7 +154,7 @@ def test_external_data_outside_the_bundle_is_refused_though_signed_by_the_real_k
         event = _refusal(watcher, device, bundle_id, timeout=90)
         assert "external data of tensor" in event.detail and "not a relative path inside the bundle" in event.detail
         assert weights.exists()
-        succeeded = _committed(watcher, device, bundle_id) or watcher.status[device].active_bundle != v1_id
+        succeeded = _committed(watcher, device, bundle_id) or slot_of(watcher.status[device]).active_bundle != v1_id
         assert not attack_ledger.record(name, succeeded, event.detail)
     _still_installs(host, topics, watcher, device, derive_bundle(v1, tmp_path, signing_key, trusted, model_version="9"))
     assert agent.alive
@@ -183,15 +184,22 @@ def test_a_signed_file_swapped_for_a_link_outside_the_bundle_is_refused_at_start
     agent.start()
     status = watcher.wait_for(
         f"{device} back on {v1_id}",
-        lambda: (s := watcher.status.get(device)) and s.online and s.active_bundle == v1_id and s.last_error and s,
+        lambda: (
+            (s := watcher.status.get(device))
+            and s.online
+            and slot_of(s).active_bundle == v1_id
+            and slot_of(s).last_error
+            and s
+        ),
         timeout=90,
     )
-    assert status.last_error is not None and "symbolic link to outside the bundle" in status.last_error
+    last_error = slot_of(status).last_error
+    assert last_error is not None and "symbolic link to outside the bundle" in last_error
     went_back = watcher.event(device, "rolled-back", bundle_id=v2_id)  # from a bundle it had committed
     assert "does not check out at start-up" in went_back.detail and f"now serving {v1_id}" in went_back.detail
-    succeeded = status.active_bundle == v2_id
+    succeeded = slot_of(status).active_bundle == v2_id
     assert not attack_ledger.record(
-        "a signed model file swapped on disk for a link outside the bundle (start-up)", succeeded, status.last_error
+        "a signed model file swapped on disk for a link outside the bundle (start-up)", succeeded, last_error
     )
     _still_installs(host, topics, watcher, device, derive_bundle(v1, tmp_path, signing_key, trusted, model_version="9"))
     assert agent.alive

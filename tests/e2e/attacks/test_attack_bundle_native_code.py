@@ -26,6 +26,7 @@ from support.attacks.ledger import AttackLedger
 from support.fleet import AgentProcess, FleetWatcher, deploy_to, derive_bundle
 from support.models.generative import TinylmBundles
 from support.native_library import MARKER_ENV, constructor_library, custom_ops_library, resigned_with
+from support.slots import slot_of
 
 pytestmark = pytest.mark.slow  # the session's tinylm conversion, then real agents installing a language model
 
@@ -83,7 +84,7 @@ def test_a_language_model_bundle_cannot_make_the_agent_load_native_code(
         status = watcher.status[device]
         committed = any(e.device_id == device and e.bundle_id == bundle_id and e.kind == "committed"
                         for e in watcher.events)  # fmt: skip
-        succeeded = marker.exists() or committed or status.active_bundle != v1_id or bool(status.native_code)
+        succeeded = marker.exists() or committed or slot_of(status).active_bundle != v1_id or bool(status.native_code)
         assert not attack_ledger.record(name, succeeded, event.detail)
     fetched = {e.bundle_id for e in watcher.events if e.device_id == device and e.kind == "download-started"}
     assert "tinylm-3-generic-x86-64" not in fetched, "a runtime_config is refused from the signed manifest alone"

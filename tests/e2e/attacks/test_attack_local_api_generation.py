@@ -39,6 +39,7 @@ from support.dashboard import CHROMIUM_ARGS, chromium
 from support.fleet import AgentProcess, FleetWatcher, deploy_to
 from support.models.generative import TinylmBundles
 from support.servers.brokers import MosquittoBroker, free_port
+from support.slots import slot_of
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ class Agent:
         """Still serving the bundle it was given, with no rollback and no model failure counted."""
         status = self.watcher.status.get(DEVICE)
         rolled = [e for e in self.watcher.events if e.device_id == DEVICE and "roll" in e.kind]
-        return bool(status and status.active_bundle == self.bundle_id and not rolled) and self.failures() == 0
+        return bool(status and slot_of(status).active_bundle == self.bundle_id and not rolled) and self.failures() == 0
 
     def failures(self) -> float:
         return self.metric("edgefleet_model_failures_total")

@@ -33,6 +33,7 @@ from support.attacks.ledger import AttackLedger
 from support.fleet import FleetWatcher, serve_model
 from support.models.string_input import colors_model, source_outputs
 from support.servers.brokers import MosquittoBroker
+from support.slots import slot_of
 
 DEVICE, MODEL = "dev-mqtt-strings", "colors-mqtt"
 TOPICS = Topics()
@@ -158,4 +159,4 @@ def test_hostile_string_tensors_get_an_error_reply_and_the_daemon_keeps_serving(
     # They are counted where an operator looks: telemetry's refusals by kind.
     assert reports[-1].errors_by_kind.get("mqtt:bad-input") == refused_before + len(HOSTILE), reports[-1]
     status = watcher.status[DEVICE]
-    assert status.online and status.active_bundle == served.bundle_id and status.state == "serving"
+    assert status.online and slot_of(status).active_bundle == served.bundle_id and status.state == "serving"

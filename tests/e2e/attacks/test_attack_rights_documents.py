@@ -35,20 +35,22 @@ def test_a_document_names_its_bundle_shadow_and_allowed_downgrade(host_keys: Hos
     root = load_root(host_keys.root_public())
     assert root is not None
     three = _desired("b-3", shadow_bundle_id="b-2", allow_downgrade_to="b-1")
-    named = verified_named(TOPICS, TOPICS.device_desired("d1"), _signed(host_keys, three, "device:d1"), root)
+    named = verified_named(TOPICS, TOPICS.device_desired("d1", "default"), _signed(host_keys, three, "device:d1"), root)
     assert named is not None and named.bundles == {"b-1", "b-2", "b-3"}
     rollback = _desired("b-0", rollback=True)  # a signed rollback names the older bundle as run and downgrade
-    named = verified_named(TOPICS, TOPICS.group_desired("lab"), _signed(host_keys, rollback, "group:lab"), root)
+    named = verified_named(
+        TOPICS, TOPICS.group_desired("lab", "default"), _signed(host_keys, rollback, "group:lab"), root
+    )
     assert named is not None and named.bundles == {"b-0"}
     clear = Desired(bundle_id="", model_name="", model_version="", profile="", clear=True)
-    named = verified_named(TOPICS, TOPICS.device_desired("d1"), _signed(host_keys, clear, "device:d1"), root)
+    named = verified_named(TOPICS, TOPICS.device_desired("d1", "default"), _signed(host_keys, clear, "device:d1"), root)
     assert named is not None and named.bundles == frozenset()
 
 
 def test_documents_a_device_would_refuse_grant_nothing(host_keys: HostKeys, attack_ledger: AttackLedger) -> None:
     root = load_root(host_keys.root_public())
     assert root is not None
-    topic = TOPICS.device_desired("d1")
+    topic = TOPICS.device_desired("d1", "default")
     forged_key = SigningKey(Ed25519PrivateKey.generate())
     bound = _desired("b-evil").model_copy(update={"target": "device:d1", "counter": 2**62, "expires_at": 2e9})
     forged = SignedDesired(
@@ -71,7 +73,7 @@ def test_a_replayed_or_refused_payload_leaves_the_known_document_in_force(
     host_keys: HostKeys, attack_ledger: AttackLedger
 ) -> None:
     documents = DocumentsInForce(TOPICS, load_root(host_keys.root_public()))
-    topic = TOPICS.device_desired("d1")
+    topic = TOPICS.device_desired("d1", "default")
     old = _signed(host_keys, _desired("b-1"), "device:d1")
     new = _signed(host_keys, _desired("b-2"), "device:d1")
     documents.consider(topic, old)
@@ -83,7 +85,7 @@ def test_a_replayed_or_refused_payload_leaves_the_known_document_in_force(
         "bundle rights through a replayed document (the rights sync's view)", named != {"b-2"}, f"names {named}"
     )
     group = _signed(host_keys, _desired("b-g"), "group:lab")
-    documents.consider(TOPICS.group_desired("lab"), group)
+    documents.consider(TOPICS.group_desired("lab", "default"), group)
     snapshot = documents.snapshot()
     assert snapshot.named_for("d1", ["lab"]) == {"b-2", "b-g"}
     assert snapshot.named_for("d1", ["lab"], skip_own=True) == {"b-g"}  # a deploy replacing d1's own document

@@ -41,6 +41,7 @@ from support.rollouts.agents import Traffic
 from support.rollouts.control_plane import control_plane, finished, publish, wait_until
 from support.rollouts.lying_device import Claims, LyingDevice
 from support.servers.secure_broker import CLI_IDENTITY, SecureBroker, make_pki
+from support.slots import slot_of
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +85,7 @@ class Fleet:
         self.line_version += 1
         doc = self.rollout("line", str(self.line_version))
         ok = doc.state == "succeeded"
-        served = all(self.watcher.status[d].active_bundle == self.manifests[str(self.line_version)].bundle_id
+        served = all(slot_of(self.watcher.status[d]).active_bundle == self.manifests[str(self.line_version)].bundle_id
                      for d in LINE)  # fmt: skip
         return ok and served, f"line v{self.line_version}: {doc.state} ({doc.outcome})"
 
@@ -126,7 +127,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, demo_bundles: dict[str, Path
                 for device in [*LINE, LAB]:
                     watcher.serving(device, manifests["1"].bundle_id, timeout=120)
                 with Traffic(operator, TOPICS, [*LINE, LAB]):
-                    wait_until("telemetry", lambda: all(store.latest_telemetry().get(d) for d in [*LINE, LAB]), 60)
+                    wait_until(
+                        "telemetry", lambda: all(store.latest_telemetry().get((d, "default")) for d in [*LINE, LAB]), 60
+                    )
                     yield Fleet(broker, plane, operator, watcher, bundles, manifests)
         finally:
             for agent in agents:
@@ -145,7 +148,9 @@ def _signed_documents_name(fleet: Fleet, text: str) -> list[str]:
     """Where a string appears in what the host decided or signed: deployments, published desired, retained desired."""
     store = fleet.plane.store
     found = [f"deployment {d.scope}:{d.target}" for d in store.deployments() if text in (d.bundle_id, d.model_name)]
-    found += [f"published {p.device_id}" for p in store.published().values() if p.bundle_id == text]
+    found += [
+        f"published {p.device_id} slot {slot}" for (_, slot), p in store.published().items() if p.bundle_id == text
+    ]
     return found
 
 
@@ -156,7 +161,7 @@ def test_a_made_up_active_bundle_in_a_rolled_back_group_reaches_no_signed_docume
     with _enrolled_liar(fleet, "ev-madeup", "lab", liar):
         liar.say(active_bundle=MADE_UP, verified=True)
         wait_until(
-            "the lie in the store", lambda: (r := fleet.plane.store.device("ev-madeup")) and r.active_bundle == MADE_UP
+            "the lie in the store", lambda: (r := fleet.plane.store.device("ev-madeup")) and r.running() == MADE_UP
         )
         doc = fleet.rollout("lab", "2", canary="2", timing={**TIMING, "install_timeout_s": 20.0})
         signed = [d for d in liar.desired if MADE_UP in (d.bundle_id, d.allow_downgrade_to, d.model_name)]

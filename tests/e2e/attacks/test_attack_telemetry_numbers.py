@@ -137,7 +137,7 @@ def test_infinity_and_a_far_future_date_neither_blank_the_dashboard_nor_stay_lat
         attacker.stop()
         calm.stop()
     store = plant.plane.store
-    latest = store.latest_telemetry()
+    latest = store.latest_telemetry()[(ATTACKER, "default")]
     refused: list[str] = []
     for path, (status, body) in dashboard(plant).items():
         try:
@@ -153,9 +153,9 @@ def test_infinity_and_a_far_future_date_neither_blank_the_dashboard_nor_stay_lat
     counts = plant.plane.ingestor.stats.counts  # type: ignore[union-attr]
     assert not attack_ledger.record(
         "telemetry with p95_ms Infinity and ts=1e15 from one device certificate",
-        bool(refused) or latest[ATTACKER].seq != 1 or store.telemetry_count(ATTACKER) != 1 or listed < 2,
+        bool(refused) or latest.seq != 1 or store.telemetry_count(ATTACKER) != 1 or listed < 2,
         f"not strict JSON: {refused or 'none'} (of {len(ENDPOINTS)} endpoints and devices list); the attacker's "
-        f"latest report is seq {latest[ATTACKER].seq}; refused out of range: {counts['out_of_range']}",
+        f"latest report is seq {latest.seq}; refused out of range: {counts['out_of_range']}",
     )
 
 

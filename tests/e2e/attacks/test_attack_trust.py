@@ -30,6 +30,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 from support.attacks.ledger import AttackLedger
 from support.fleet import AgentProcess, FleetWatcher, attacker_keys, deploy_to, derive_bundle
+from support.slots import slot_of
 
 StartAgent = Callable[..., AgentProcess]
 REFUSALS = ("refused",)
@@ -68,14 +69,14 @@ def test_a_replayed_desired_document_is_refused_before_and_after_a_restart(
     agent = start_agent("atk-replay")
     v1_id = deploy_to(host, topics, v1, devices=("atk-replay",))
     watcher.serving("atk-replay", v1_id)
-    captured = retained(host, topics.device_desired("atk-replay"))
+    captured = retained(host, topics.device_desired("atk-replay", "default"))
     v2_id = deploy_to(host, topics, v2, devices=("atk-replay",))
     watcher.serving("atk-replay", v2_id)
 
-    host.publish(topics.device_desired("atk-replay"), captured, qos=1, retain=True, wait=5)
+    host.publish(topics.device_desired("atk-replay", "default"), captured, qos=1, retain=True, wait=5)
     event = refusal(watcher, "atk-replay", "replayed desired document")
     time.sleep(1.0)
-    succeeded = watcher.status["atk-replay"].active_bundle != v2_id
+    succeeded = slot_of(watcher.status["atk-replay"]).active_bundle != v2_id
     assert not attack_ledger.record("replay of an old desired document", succeeded, event.detail)
 
     # The highest counter persists: after a restart the broker hands the device the replayed document again.
@@ -84,7 +85,7 @@ def test_a_replayed_desired_document_is_refused_before_and_after_a_restart(
     agent.start()
     event = refusal(watcher, "atk-replay", "replayed desired document", after=marker)
     watcher.serving("atk-replay", v2_id)
-    succeeded = watcher.status["atk-replay"].active_bundle != v2_id
+    succeeded = slot_of(watcher.status["atk-replay"]).active_bundle != v2_id
     assert not attack_ledger.record("replay of an old desired document after a device restart", succeeded,
                                     event.detail)  # fmt: skip
 
@@ -103,7 +104,7 @@ def test_a_forged_rollback_is_refused_and_only_a_signed_downgrade_is_obeyed(
     old = manifest_of(v1)
     rollback = Desired(bundle_id=old.bundle_id, model_name=old.model_name, model_version=old.model_version,
                        profile=old.profile, rollback=True)  # fmt: skip
-    topic = topics.device_desired("atk-rollback")
+    topic = topics.device_desired("atk-rollback", "default")
 
     attempts: dict[str, tuple[bytes, str]] = {
         "forged rollback: an unsigned document with rollback=true": (
@@ -123,7 +124,7 @@ def test_a_forged_rollback_is_refused_and_only_a_signed_downgrade_is_obeyed(
         marker = len(watcher.events)
         host.publish(topic, payload, qos=1, retain=True, wait=5)
         event = refusal(watcher, "atk-rollback", reason, after=marker)
-        succeeded = watcher.status["atk-rollback"].active_bundle != v2_id
+        succeeded = slot_of(watcher.status["atk-rollback"]).active_bundle != v2_id
         assert not attack_ledger.record(name, succeeded, event.detail)
 
     # Even an ops-signed document does not downgrade on the unsigned `rollback` flag alone.
@@ -135,7 +136,7 @@ def test_a_forged_rollback_is_refused_and_only_a_signed_downgrade_is_obeyed(
     signed = SignedDesired(desired=sign_payload("desired", flag_only.model_dump_json(), host_keys.ops_key()))
     host.publish(topic, signed.encode(), qos=1, retain=True, wait=5)
     event = refusal(watcher, "atk-rollback", "not newer than 2", after=marker)
-    succeeded = watcher.status["atk-rollback"].active_bundle != v2_id
+    succeeded = slot_of(watcher.status["atk-rollback"]).active_bundle != v2_id
     assert not attack_ledger.record("rollback flag without a signed allowance", succeeded, event.detail)
 
     # The operator's explicit, signed downgrade names the exact bundle: obeyed; the floor stays at 2.
@@ -153,19 +154,30 @@ def test_mix_and_match_of_documents_and_offers_is_refused(
     start_agent("atk-mix", groups=("mix-line",))
     v1_id = deploy_to(host, topics, v1, devices=("atk-mix",))
     watcher.serving("atk-mix", v1_id)
-    topic = topics.device_desired("atk-mix")
+    topic = topics.device_desired("atk-mix", "default")
     v2 = derive_bundle(v1, tmp_path, signing_key, trusted, model_version="2")
     manifest, _ = publish_bundle(host, topics, v2, block_size=16 * 1024)
 
     # Documents the operator really signed, for another device and for a group, moved onto this device's topic.
     deploy(host, topics, manifest, devices=["atk-elsewhere"], groups=["other-line"])
-    for name, source in (("another device", topics.device_desired("atk-elsewhere")),
-                         ("a group this device is not in", topics.group_desired("other-line"))):  # fmt: skip
+    for name, source in (("another device", topics.device_desired("atk-elsewhere", "default")),
+                         ("a group this device is not in", topics.group_desired("other-line", "default"))):  # fmt: skip
         marker = len(watcher.events)
         host.publish(topic, retained(host, source), qos=1, retain=True, wait=5)
         event = refusal(watcher, "atk-mix", "bound to", after=marker)
-        succeeded = watcher.status["atk-mix"].active_bundle != v1_id
+        succeeded = slot_of(watcher.status["atk-mix"]).active_bundle != v1_id
         assert not attack_ledger.record(f"mix-and-match: a desired document for {name}", succeeded, event.detail)
+
+    # A document the operator signed for this device's other slot, moved onto slot default's topic: the slot is
+    # signed too, so it is valid only on its own slot's topic.
+    other_slot = Desired(bundle_id=manifest.bundle_id, model_name=manifest.model_name,
+                         model_version=manifest.model_version, profile=manifest.profile, slot="detector")  # fmt: skip
+    marker = len(watcher.events)
+    host.publish(topic, sign_desired(host_keys, other_slot, device_target("atk-mix")).encode(), qos=1, retain=True,
+                 wait=5)  # fmt: skip
+    event = refusal(watcher, "atk-mix", "for slot 'detector'", after=marker)
+    succeeded = slot_of(watcher.status["atk-mix"]).active_bundle != v1_id
+    assert not attack_ledger.record("mix-and-match: a desired document for another slot", succeeded, event.detail)
 
     # The genuine offer of another model's bundle, put on the desired bundle's offer topic.
     other = derive_bundle(demo_bundles["generic-x86-64"], tmp_path, signing_key, trusted, model_name="other-model")
@@ -174,7 +186,7 @@ def test_mix_and_match_of_documents_and_offers_is_refused(
     marker = len(watcher.events)
     deploy(host, topics, manifest, devices=["atk-mix"], groups=[])
     event = refusal(watcher, "atk-mix", "names bundle", after=marker)
-    succeeded = watcher.status["atk-mix"].active_bundle != v1_id
+    succeeded = slot_of(watcher.status["atk-mix"]).active_bundle != v1_id
     assert not attack_ledger.record("mix-and-match: another model's signed offer", succeeded, event.detail)
 
     # The same offer relabelled with the desired bundle's id: the signature covers the id.
@@ -183,7 +195,7 @@ def test_mix_and_match_of_documents_and_offers_is_refused(
     marker = len(watcher.events)
     deploy(host, topics, manifest, devices=["atk-mix"], groups=[])
     event = refusal(watcher, "atk-mix", "does not verify", after=marker)
-    succeeded = watcher.status["atk-mix"].active_bundle != v1_id
+    succeeded = slot_of(watcher.status["atk-mix"]).active_bundle != v1_id
     assert not attack_ledger.record("mix-and-match: another offer relabelled", succeeded, event.detail)
 
 
@@ -203,7 +215,7 @@ def test_a_device_frozen_on_an_expired_document_reports_stale_and_keeps_serving(
         timeout=60,
     )
     event = watcher.event("atk-freeze", "desired-stale")
-    assert status.active_bundle == manifest.bundle_id and status.verified
+    assert slot_of(status).active_bundle == manifest.bundle_id and slot_of(status).verified
     assert not attack_ledger.record("freeze a device on a stale desired document", False, event.detail)
     # A fresh signed document clears it.
     deploy(host, topics, manifest, devices=["atk-freeze"], groups=[])
@@ -240,7 +252,7 @@ def test_oversized_and_impossible_layouts_are_refused_once_before_any_download(
         deploy(host, topics, manifest, devices=["atk-layout"], groups=[])
         event = refusal(watcher, "atk-layout", reason)
         fetched = [e for e in watcher.events if e.bundle_id == manifest.bundle_id and e.kind == "download-started"]
-        succeeded = bool(fetched) or watcher.status["atk-layout"].active_bundle != v1_id
+        succeeded = bool(fetched) or slot_of(watcher.status["atk-layout"]).active_bundle != v1_id
         assert not attack_ledger.record(name, succeeded, event.detail)
     # Refused once: remembered on disk, not retried (the next reconcile passes over it).
     refused = json.loads((agent.state_dir / "state.json").read_text())["refused"]
@@ -307,7 +319,7 @@ def test_a_tar_bomb_never_reaches_the_tar_parser(
     fetched = [e for e in watcher.events if e.bundle_id == v3.bundle_id and e.kind == "download-started"]
     succeeded = bool(fetched) or any(agent.state_dir.rglob("escaped.txt"))
     assert not attack_ledger.record("tar bomb with an offer signed by the attacker", succeeded, event.detail)
-    assert watcher.status["atk-bomb"].active_bundle == v1_id and agent.alive
+    assert slot_of(watcher.status["atk-bomb"]).active_bundle == v1_id and agent.alive
     assert not list((agent.state_dir / "bundles").glob("*.staging"))
 
 
@@ -345,7 +357,7 @@ def test_rotation_and_revocation_reach_the_device_without_a_visit(
     host.publish(topics.bundle_offer(manifest.bundle_id), stolen.encode(), qos=1, retain=True, wait=5)
     deploy(host, topics, manifest, devices=["atk-rotate"], groups=[], keys=keys)
     event = refusal(watcher, "atk-rotate", "untrusted key")
-    succeeded = watcher.status["atk-rotate"].active_bundle == manifest.bundle_id
+    succeeded = slot_of(watcher.status["atk-rotate"]).active_bundle == manifest.bundle_id
     assert not attack_ledger.record("offer signed by a revoked bundle key", succeeded, event.detail)
     # The genuine offer again, and a new decision: installed.
     host.publish(topics.bundle_offer(manifest.bundle_id), genuine.encode(), qos=1, retain=True, wait=5)
@@ -369,7 +381,7 @@ def test_rotation_and_revocation_reach_the_device_without_a_visit(
                     model_version=v1m.model_version, profile=v1m.profile, rollback=True), device="atk-rotate",
                     wait=5)  # fmt: skip
     event = refusal(watcher, "atk-rotate", "not signed by a trusted operations key", after=marker)
-    succeeded = watcher.status["atk-rotate"].active_bundle != v4_id
+    succeeded = slot_of(watcher.status["atk-rotate"]).active_bundle != v4_id
     assert not attack_ledger.record("desired document signed by a rotated-out ops key", succeeded, event.detail)
 
     # A restart keeps the newest key set: the bundle installed under the rotated key still loads.
