@@ -20,7 +20,15 @@ from edgefleet.control.fleet.registry import (
     registry_warnings,
     require_members,
 )
-from edgefleet.control.rights.dynsec import Acl, base_acls, bundle_acls, granted_acls, is_granted, render_config
+from edgefleet.control.rights.dynsec import (
+    Acl,
+    base_acls,
+    bundle_acls,
+    granted_acls,
+    is_granted,
+    own_desired_acls,
+    render_config,
+)
 from edgefleet.control.rights.sync import DeviceGrant, device_grants
 from edgefleet.control.store import Deployment, GroupDef, Store, open_store
 from edgefleet.core.errors import UserInputError
@@ -104,7 +112,11 @@ def test_a_device_reporting_itself_a_canary_gets_no_canary_deployment(store: Sto
 def test_device_roles_hold_only_their_own_topics() -> None:
     base = {a.topic for a in base_acls(TOPICS, "cam-1")}
     assert all("/devices/cam-1/" in topic for topic in base)
-    assert not any(is_granted(TOPICS, a) for a in base_acls(TOPICS, "cam-1"))
+    # Of the base rights, the control plane manages only the device's own desired documents (every slot's, kept
+    # current so a role made before slots is upgraded); the rest it never touches.
+    managed = {a for a in base_acls(TOPICS, "cam-1") if is_granted(TOPICS, a)}
+    assert managed == own_desired_acls(TOPICS, "cam-1")
+    assert {a.topic for a in managed} == {TOPICS.device_desired_slots("cam-1")}
     bundle = set(bundle_acls(TOPICS, "b-1"))
     assert Acl("subscribePattern", TOPICS.bundle_blocks("b-1")) in bundle
     assert all(is_granted(TOPICS, a) for a in granted_acls(TOPICS, ["line"], ["b-1"]))

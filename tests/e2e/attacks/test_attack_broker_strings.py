@@ -65,10 +65,11 @@ def test_hostile_device_strings_are_inert_in_the_cli_and_dashboard(
     # text is stored, cut, and must be inert wherever it is shown.
     refused = Hardware(arch="x86_64", os="Linux", cpu_count=2, memory_mb=1024, hostname=HOSTILE)
     hardware = refused.model_copy(update={"hostname": "hostile-host", "os": HOSTILE})
+    # The slot's free text too (its last error shorter, so the status stays under ingest's 64 KiB a message).
     status = DeviceStatus(
         device_id=DEVICE, online=True, state="serving", profile="generic-x86-64", hardware=hardware,
         last_error=HOSTILE,
-        slots=[SlotStatus(slot="default", state="serving", last_error=HOSTILE, provider_summary=HOSTILE,
+        slots=[SlotStatus(slot="default", state="serving", last_error=HOSTILE[:1000], provider_summary=HOSTILE,
                           active_model=HOSTILE[:300])],
     )  # fmt: skip
     try:
