@@ -2,7 +2,7 @@
 run two models side by side, the digits CNN in slot `detector` and a second model in slot `reader`, and each is
 rolled out to the group in its own waves through the control plane. A rollout of one slot never restarts nor
 disturbs the other: the other slot answers OIP requests (tritonclient) without one error all through it, its
-committed bundle, its install state on disk and its retained signed document stay as they were, and no event of
+committed bundle, its install state on disk and its retained signed documents stay as they were, and no event of
 the device concerns it. tritonclient lists and calls both models on every device.
 
 The second model is the digits network re-signed under its own name (`digits-reader`): a second model to the fleet,
@@ -107,16 +107,18 @@ def _deploy(store: Store, slot: str, manifest: Manifest) -> None:
     )  # fmt: skip
 
 
-def _document(conn: Connection, slot: str) -> bytes:
-    found, complete = read_retained(conn, TOPICS.prefix, [TOPICS.group_desired(GROUP, slot)], 15)
-    assert complete and found, f"no retained document for group {GROUP} slot {slot}"
-    return next(iter(found.values()))
+def _documents(conn: Connection, slot: str) -> dict[str, bytes]:
+    """Every device's retained signed document for `slot` (the control plane publishes per device)."""
+    wanted = [TOPICS.device_desired(d, slot) for d in DEVICES]
+    found, complete = read_retained(conn, TOPICS.prefix, wanted, 15)
+    assert complete and sorted(found) == sorted(wanted), f"retained documents for slot {slot}: {sorted(found)}"
+    return found
 
 
 def _untouched(conn: Connection, watcher: FleetWatcher, agents: list[AgentProcess], slot: str) -> dict[str, object]:
     """What must not change about `slot` while another slot is rolled out: its committed bundle and model, its
-    install state on disk (committed id, history, floor), and its retained signed document (same counter)."""
-    found: dict[str, object] = {"document": _document(conn, slot)}
+    install state on disk (committed id, history, floor), and its retained signed documents (same counters)."""
+    found: dict[str, object] = {"documents": _documents(conn, slot)}
     for agent in agents:
         entry = slot_of(watcher.status[agent.device_id], slot)
         found[f"{agent.device_id} serves"] = (entry.active_bundle, entry.active_model, entry.state, entry.verified)
