@@ -142,7 +142,7 @@ def test_a_forged_rollback_is_refused_and_only_a_signed_downgrade_is_obeyed(
     # The operator's explicit, signed downgrade names the exact bundle: obeyed; the floor stays at 2.
     deploy(host, topics, old, devices=["atk-rollback"], groups=[], rollback=True)
     watcher.serving("atk-rollback", v1_id)
-    floor = json.loads((agent.state_dir / "floor.json").read_text())
+    floor = json.loads((agent.state_dir / "slots" / "default" / "floor.json").read_text())
     assert floor[old.model_name] == "2"
 
 
@@ -255,7 +255,7 @@ def test_oversized_and_impossible_layouts_are_refused_once_before_any_download(
         succeeded = bool(fetched) or slot_of(watcher.status["atk-layout"]).active_bundle != v1_id
         assert not attack_ledger.record(name, succeeded, event.detail)
     # Refused once: remembered on disk, not retried (the next reconcile passes over it).
-    refused = json.loads((agent.state_dir / "state.json").read_text())["refused"]
+    refused = json.loads((agent.state_dir / "slots" / "default" / "state.json").read_text())["refused"]
     assert len([k for k in refused if k.startswith(ids["7"] + "@")]) == 1
     assert len([e for e in watcher.events if e.bundle_id == ids["7"] and e.kind in REFUSALS]) == 1
 
