@@ -117,6 +117,7 @@ class ControlPlane:
         self._stop = threading.Event()
         self._stopped = False
         self._legacy_moved = False  # the retained single-model desired documents were moved to per-slot topics
+        self._legacy_retry_at = 0.0
         self._threads: list[threading.Thread] = []
 
     @property
@@ -267,11 +268,12 @@ class ControlPlane:
 
     def _move_legacy_desired(self) -> None:
         """Retained single-model desired documents move to their default slot's topic (desired/legacy.py); a broker
-        that does not answer in time is tried again on the next tick."""
+        that does not answer in time is tried again a minute later (the engine goes on meanwhile)."""
         try:
             migrate_legacy_desired(self.conn, self.topics)
         except BrokerError as err:
-            log.warning("moving legacy desired documents to the default slot failed (retried): %s", err)
+            log.warning("moving legacy desired documents to the default slot failed (retried in 60 s): %s", err)
+            self._legacy_retry_at = time.monotonic() + 60.0
             return
         self._legacy_moved = True
 
@@ -303,7 +305,7 @@ class ControlPlane:
                     last_sync = 0.0
                 current = fence
                 if fence is not None and self.conn.connected:
-                    if not self._legacy_moved:  # once per process, by the lease holder, before its first sync
+                    if not self._legacy_moved and time.monotonic() >= self._legacy_retry_at:  # once, by the leader
                         self._move_legacy_desired()
                     if time.monotonic() - last_sync >= self.config.sync_every_s:
                         last_sync = time.monotonic()

@@ -32,8 +32,7 @@ class LegacyMigration:
 
 
 def _filters(topics: Topics) -> list[str]:
-    legacy = [f"{topics.prefix}/devices/+/desired", f"{topics.prefix}/groups/+/desired"]
-    return [*legacy, *(f + "/" + DEFAULT_SLOT for f in legacy)]
+    return [f"{topics.prefix}/devices/+/desired", f"{topics.prefix}/groups/+/desired"]
 
 
 def _slot_topic(topics: Topics, legacy: str) -> str | None:
@@ -60,11 +59,15 @@ def migrate_legacy_desired(conn: Connection, topics: Topics, timeout: float = RE
     if not complete:
         raise BrokerError(f"could not read the retained desired state within {timeout:g} s; legacy documents stay")
     report = LegacyMigration()
-    for legacy, payload in sorted(found.items()):
-        new = _slot_topic(topics, legacy)
-        if new is None:
-            continue
-        if new in found:
+    moves = {legacy: new for legacy in sorted(found) if (new := _slot_topic(topics, legacy)) is not None}
+    if not moves:
+        return report  # the usual case after the first start: one round trip, nothing read
+    present, complete = read_retained(conn, topics.prefix, sorted(set(moves.values())), timeout)
+    if not complete:
+        raise BrokerError(f"could not read the default slots' documents within {timeout:g} s; legacy documents stay")
+    for legacy, new in moves.items():
+        payload = found[legacy]
+        if new in present:
             report.kept.append(legacy)
         else:
             conn.publish_latest(new, payload, qos=1, wait=ACK_TIMEOUT_S)

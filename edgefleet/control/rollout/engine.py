@@ -367,9 +367,6 @@ class RolloutEngine:
         if event is not None:
             progress.state = "refused" if event.kind == "refused" else "failed"
             progress.reason = f"{event.kind}: {safe_text(event.detail, 300)}"
-        elif slot is not None and slot.refused and record and record.online:
-            progress.state = "refused"
-            progress.reason = f"refused: {safe_text(slot.refused, 300)}"
         elif (
             record and record.online and slot and progress.target_bundle is not None
             and slot.active_bundle == progress.target_bundle and slot.verified

@@ -4,8 +4,8 @@ touched goes back in that slot. The devices' other slots are never touched."""
 from __future__ import annotations
 
 from edgefleet.control.desired.sync import plan_desired
-from edgefleet.control.rollout.plan import RolloutDoc, RolloutState, Tick
-from edgefleet.control.store import Deployment, Store
+from edgefleet.control.rollout.plan import DeviceProgress, RolloutDoc, RolloutState, Tick
+from edgefleet.control.store import ANY_PROFILE, Deployment, DeviceRecord, Store
 
 
 def succeed(store: Store, doc: RolloutDoc, ctx: Tick) -> None:
@@ -38,7 +38,8 @@ def start_rollback(store: Store, doc: RolloutDoc, ctx: Tick, ends_as: RolloutSta
     committed: `targets.rollback_target`), with the rollback flag. The target's id, name and version are the
     store's record, never the device's report. A device without a target keeps what it runs ("kept", and why); a
     device that refused the bundle never left its previous one ("refused"): its pin goes back all the same, so its
-    desired state no longer names the bundle."""
+    desired state no longer names the bundle. A model new to its slot on a device that runs others goes away: the
+    slot is removed there (a signed `Desired.remove`), so a newcomer that starved its neighbours does not stay."""
     now = ctx.now
     doc.state, doc.ends_as = "rolling-back", ends_as
     changed = False
@@ -48,6 +49,20 @@ def start_rollback(store: Store, doc: RolloutDoc, ctx: Tick, ends_as: RolloutSta
         if progress.previous_bundle == progress.target_bundle:
             continue
         known = store.bundle(progress.previous_bundle) if progress.previous_bundle is not None else None
+        if known is None and progress.state != "refused" and _newcomer(progress, ctx.devices.get(progress.device_id),
+                                                                      doc.spec.slot):  # fmt: skip
+            store.delete_deployment("device", progress.device_id, progress.profile, doc.spec.slot)
+            store.put_deployment(
+                Deployment(
+                    scope="device", target=progress.device_id, profile=ANY_PROFILE, bundle_id="", model_name="",
+                    model_version="", source=f"rollback:{doc.id}", updated_at=now, slot=doc.spec.slot, remove=True,
+                )
+            )  # fmt: skip
+            note = f"slot {doc.spec.slot} was new on the device: it is removed"
+            progress.reason = (progress.reason + "; " if progress.reason else "") + note
+            progress.state, progress.rollback_at = "rolling-back", now
+            changed = True
+            continue
         if known is None:
             store.delete_deployment("device", progress.device_id, progress.profile, doc.spec.slot)
             why = progress.rollback_note or (
@@ -76,6 +91,13 @@ def start_rollback(store: Store, doc: RolloutDoc, ctx: Tick, ends_as: RolloutSta
     ctx.desired_changed = ctx.desired_changed or changed
     if not any(p.state == "rolling-back" for p in doc.devices.values()):
         _end(doc, now)
+
+
+def _newcomer(progress: DeviceProgress, record: DeviceRecord | None, slot: str) -> bool:
+    """Whether the rollout brought a model to a slot that was empty on a device running other slots."""
+    if progress.reported_bundle is not None or progress.previous_bundle is not None or record is None:
+        return False
+    return any(s.slot != slot and s.active_bundle for s in record.slots)
 
 
 def rolling_back(doc: RolloutDoc, ctx: Tick) -> None:

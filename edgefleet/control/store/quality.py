@@ -15,6 +15,7 @@ it): a report and its quality figures are stored (and acknowledged) together or 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -57,6 +58,15 @@ class Quality(Protocol):
     def add_alerts(self, alerts: Sequence[AlertRecord], received_at: float) -> None:
         """Alerts the control plane raises about a device itself (not from a report's figures)."""
         ...
+
+
+SLOT_SUBJECT = "slot="
+
+
+def slot_prefix(slot: str) -> str:
+    """How a slot's quality subjects are kept (drift bands, golden verdicts): as they are for the default slot
+    (so a store from before slots keeps its states), `slot=NAME|` before them for any other."""
+    return "" if slot == DEFAULT_SLOT else f"{SLOT_SUBJECT}{slot}|"
 
 
 def has_quality(t: Telemetry) -> bool:
@@ -110,21 +120,30 @@ class SqlQuality:
             ).rowcount
             if not inserted:
                 continue
+            prefix = slot_prefix(report.slot)  # each slot's subjects are its own: two models' "input" never mix
             states = {
-                subject: (state, ts)
+                subject[len(prefix) :]: (state, ts)
                 for subject, state, ts in conn.execute(
                     "SELECT subject, state, ts FROM quality_state WHERE device_id = ?", (report.device_id,)
                 ).fetchall()
+                if (subject.startswith(prefix) if prefix else not subject.startswith(SLOT_SUBJECT))
             }
             current = {subject: state for subject, (state, ts) in states.items() if ts <= report.ts}
             stale = {subject for subject, (_, ts) in states.items() if ts > report.ts}  # a late report: no verdict
-            found = [a for a in transitions(report, current) if a.subject not in stale]
+            found = [
+                dataclasses.replace(
+                    a, subject=prefix + a.subject, detail=f"slot {report.slot}: {a.detail}" if prefix else a.detail
+                )
+                for a in transitions(report, current)
+                if a.subject not in stale
+            ]
             conn.executemany(
                 "INSERT INTO quality_state (device_id, subject, state, ts) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (device_id, subject) DO UPDATE SET state = excluded.state, ts = excluded.ts"
                 " WHERE excluded.ts >= quality_state.ts",
-                [(report.device_id, subject, state, report.ts) for subject, state in subject_states(report).items()],
-            )
+                [(report.device_id, prefix + subject, state, report.ts)
+                 for subject, state in subject_states(report).items()],
+            )  # fmt: skip
             conn.executemany(
                 "INSERT INTO alerts (device_id, ts, kind, subject, level, bundle_id, detail, received_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

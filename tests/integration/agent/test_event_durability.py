@@ -53,7 +53,8 @@ def test_the_event_a_commit_owes_is_written_with_the_commit_and_kept_until_spool
     store = Store(tmp_path)
     _staged(store, "m-1")
     store.commit("m-1", "m", "1")
-    assert "unannounced" not in json.loads((tmp_path / "slots" / "default" / "state.json").read_text())  # older agents read it
+    state = tmp_path / "slots" / "default" / "state.json"
+    assert "unannounced" not in json.loads(state.read_text())  # older agents still read it
     _staged(store, "m-2")
     notice = CommitNotice(bundle_id="m-2", detail="now serving on CPU (was m-1)", ts=123.0)
     store.commit("m-2", "m", "2", notice=notice)

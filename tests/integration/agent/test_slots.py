@@ -12,6 +12,7 @@ import queue
 import shutil
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -115,9 +116,9 @@ def test_two_slots_serve_side_by_side_and_a_failing_install_in_one_never_disturb
     watcher.serving(device, a, slot="detector", timeout=90)
     status = watcher.serving(device, b, slot="reader", timeout=90)
     assert [s.slot for s in status.slots] == ["detector", "reader"] and status.state == "serving"
-    reader = slot_of(status, "reader")
-    assert status.memory_free_mb is not None and reader.memory_mb is not None and reader.memory_mb >= 0
-    assert reader.placement is not None and reader.placement.threads == 1  # the agent's --threads 1
+    second = slot_of(status, "reader")
+    assert status.memory_free_mb is not None and second.memory_mb is not None and second.memory_mb >= 0
+    assert second.placement is not None and second.placement.threads == 1  # the agent's --threads 1
 
     url = f"127.0.0.1:{port}"
     client = triton.InferenceServerClient(url)
@@ -126,6 +127,11 @@ def test_two_slots_serve_side_by_side_and_a_failing_install_in_one_never_disturb
     assert index["digits-cnn"]["slot"] == "detector" and index["digits-reader"]["slot"] == "reader"
     for name in ("digits-cnn", "digits-reader", "detector", "reader"):  # a slot's model name, or the slot's own
         assert client.is_model_ready(name), name
+
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as page:
+        metrics = page.read().decode()
+    assert 'model="digits-cnn",provider="CPUExecutionProvider",slot="detector"' in metrics
+    assert 'model="digits-reader",provider="CPUExecutionProvider",slot="reader"' in metrics
 
     several = infer_mqtt(host, topics, device, None)
     assert not several.ok and "several slots (detector, reader)" in (several.error or "")

@@ -85,7 +85,7 @@ def test_kill_9_at_random_points_of_transfer_and_install_never_leaves_a_device_w
                 pad_bytes=PAD, seed=trial,
             )  # fmt: skip
             target = deploy_to(host, topics, bundle, devices=("dev-kill",), block_size=BLOCK, layout="blocks")
-            record = agent.state_dir / "downloads" / f"{target}.part.blocks"
+            record = agent.state_dir / "slots" / "default" / "downloads" / f"{target}.part.blocks"
             blocks = -(-bundle.stat().st_size // BLOCK)
             if trial % 2 == 0:  # aim at the transfer: kill once a random share of the blocks is on disk
                 _wait_until_held(record, int(rng.uniform(0.05, 0.95) * blocks))

@@ -83,6 +83,22 @@ def test_a_drift_band_crossing_raises_one_alert_per_change_and_repeats_raise_non
     assert "rose to drift (PSI 0.400" in alerts[1].detail and "fell to none" in alerts[2].detail
 
 
+def test_each_slot_has_its_own_drift_bands_and_golden_verdicts(store: Store) -> None:
+    """Two models on one device may name an input alike; a crossing of one slot's never hides the other's."""
+    store.add_telemetry([report(1, 100.0, drift=[drift("drift", 0.4)])], received_at=100.0)
+    store.add_telemetry([report(2, 100.5, slot="detector", drift=[drift("none", 0.01)])], received_at=100.5)
+    store.add_telemetry([report(3, 101.0, slot="detector", drift=[drift("drift", 0.5)])], received_at=101.0)
+    store.add_telemetry([report(4, 102.0, slot="detector", golden_scores=[golden(False, 0.5)])], received_at=102.0)
+    alerts = store.alerts("q-1")
+    assert [(a.kind, a.level, a.subject) for a in alerts] == [
+        ("drift", "critical", "drift:input:pixels"),
+        ("drift", "critical", "slot=detector|drift:input:pixels"),
+        ("golden", "critical", "slot=detector|golden:speech_prob"),
+    ], "the detector's crossing is its own, though the default slot's input of that name was already in drift"
+    assert alerts[1].detail.startswith("slot detector: input pixels drift rose to drift")
+    assert [q.slot for q in store.quality("q-1", 0.0, slot="detector")] == ["detector"] * 3
+
+
 def test_a_failing_golden_output_raises_a_critical_alert_and_a_late_report_changes_nothing(store: Store) -> None:
     store.add_telemetry([report(1, 100.0, golden_scores=[golden(True, 0.99)])], received_at=100.0)
     store.add_telemetry([report(3, 102.0, golden_scores=[golden(False, 0.71)])], received_at=102.0)
