@@ -98,7 +98,7 @@ def measure_memory(
             return MemoryFigure(key, None, f"{provider} is not available on this host")
     with tempfile.TemporaryDirectory(prefix="edgefleet-memory-") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
-        np.savez(feeds_path, **{k: np.asarray(v) for k, v in feeds.items()})
+        np.savez(feeds_path, **{k: np.asarray(v) for k, v in feeds.items()})  # type: ignore[arg-type]
         args = {"runtime": runtime, "provider": provider, "model": str(model), "feeds": str(feeds_path),
                 "threads": threads, "runs": runs}  # fmt: skip
         try:

@@ -31,6 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,7 @@ from edgefleet.agent.api.routes import Routes
 from edgefleet.agent.api.served import ServedModel
 from edgefleet.agent.quality import FeedbackError, FieldAccuracy, parse_labels
 from edgefleet.agent.schedule.batcher import Batcher, batch_support
+from edgefleet.agent.schedule.gate import ComputeGate
 from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import DataError
 
@@ -110,11 +112,15 @@ class InferenceService:
         on_answer: Callable[[float], None] | None = None,
         on_failure: Callable[[], None] | None = None,
         generation: GenerationParts | None = None,
+        compute: ComputeGate | None = None,
     ) -> None:
         """`on_answer(latency_ms)` / `on_failure()`: a request answered / the model's own run failed. `generation`:
-        the limits, gate and accounting of generations (the daemon's, shared with MQTT; else the service's own)."""
+        the limits, gate and accounting of generations (the daemon's, shared with MQTT; else the service's own).
+        `compute`: the scheduler's compute gate (agent/schedule/gate.py): each run, batch and generated token is a
+        step of its model's slot (the model name), of the class the gate assigns that slot; None runs freely."""
         self.config = config or ServiceConfig()
-        self._generation = generation or GenerationParts.standalone()
+        self.compute = compute
+        self._generation = (generation or GenerationParts.standalone()).with_compute(compute)
         self._on_answer, self._on_failure = on_answer, on_failure
         if self.config.unix_socket is None and not _is_loopback(self.config.host) and not self.config.api_token:
             raise ValueError(
@@ -203,7 +209,8 @@ class InferenceService:
         self._batching[name] = support.reason if support.batchable else f"not batched: {support.reason}"
         log.info("%s (%s): %s", name, model.bundle_id, self._batching[name])
         if support.batchable and id(model) not in self._batchers:
-            self._batchers[id(model)] = Batcher(run_checked, config, name=name)  # type: ignore[arg-type]
+            gate = None if self.compute is None else partial(self.compute.step, name)
+            self._batchers[id(model)] = Batcher(run_checked, config, name=name, gate=gate)  # type: ignore[arg-type]
 
     def _retire(self, model: ServedModel) -> None:
         """A replaced model's batcher closes once no admitted request uses the model any more."""
@@ -359,7 +366,11 @@ class InferenceService:
             self._running += 1
         try:
             start = time.perf_counter()
-            outputs = model.run(feeds)
+            if self.compute is None:
+                outputs = model.run(feeds)
+            else:
+                with self.compute.step(model.manifest.model_name):
+                    outputs = model.run(feeds)
             latency_ms = (time.perf_counter() - start) * 1000
         except DataError as err:
             raise RequestError(400, "bad-request", str(err)) from err

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
 
+EXTRA_BATCHES = 4  # batches a leader runs for others after its own answer, while requests are queued
+
 
 class BatchingConfig(BaseModel):
     """How a slot batches (Triton's `dynamic_batching` settings)."""
@@ -127,7 +129,9 @@ class Batcher:
     progress leads: it forms a batch from the queue (oldest first), runs it, hands each request its rows, and goes on
     until its own request is answered; then it passes the lead to a request still queued. The others wait, each on
     its own lock, for their answer (or for the lead). A lone request is run by its own thread at once: batching costs
-    it no thread switch. `close()` stops batching: later requests run alone."""
+    it no thread switch. A leader whose answer is ready runs up to EXTRA_BATCHES more while requests are queued, so
+    that under load the next batch does not wait for a woken thread. `close()` stops batching: later requests run
+    alone."""
 
     def __init__(
         self,
@@ -182,17 +186,22 @@ class Batcher:
 
     # --- leading
     def _lead(self, own: _Pending) -> None:
-        """Form and run batches until `own` is taken into one; then pass the lead on. If another leader took `own`,
+        """Form and run batches until `own` is answered, then up to EXTRA_BATCHES more while requests are queued (the
+        batches follow each other without a thread switch); then pass the lead on. If another leader took `own`,
         wait for its answer."""
+        extra = 0
         while True:
             with self._cond:
-                if not own.taken:
-                    self._wait_for_more(own)
-                if own.taken:
+                if own.taken and (not own.answered or not self._queue or extra >= EXTRA_BATCHES or self._closed):
                     self._pass_lead()
                     answered = own.answered
                     break
+                self._wait_for_more(own)
+                if not self._queue or (own.taken and not own.answered):
+                    continue  # another leader took what was queued: decide again
                 batch = self._take()
+            if own.answered:
+                extra += 1
             self._execute(batch, own)
         while not answered:
             own.wake.acquire()
@@ -216,7 +225,11 @@ class Batcher:
             return
         self._collecting += 1
         try:
-            while not own.taken and self._queue and self._rows_ready() < self.config.preferred_batch_size:
+            while (
+                (own.answered or not own.taken)
+                and self._queue
+                and self._rows_ready() < self.config.preferred_batch_size
+            ):
                 left = self._queue[0].queued_at + delay - time.perf_counter()
                 if left <= 0:
                     return
