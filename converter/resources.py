@@ -6,6 +6,8 @@ its resident set (the baseline), resets the kernel's high-water mark (/proc/self
 the golden input for warm-up and then some more, and reads the high-water mark (VmHWM). Added = peak − baseline.
 Where the high-water mark cannot be reset, the process's `ru_maxrss` stands in (it can only over-count). A runtime
 this host cannot run (CoreML, TensorRT without a GPU, onnxruntime-web) is not measured, and the reason is returned.
+A language model (ONNX Runtime GenAI, OpenVINO GenAI) is loaded from its folder and generates GENERATED_TOKENS tokens
+a run, so its KV cache counts.
 FLOPs are the roofline's count (converter/roofline/work.py) of the artifact that ships, at the golden batch.
 """
 
@@ -28,6 +30,8 @@ from edgefleet.core.bundle.manifest import ResourceNeeds
 log = logging.getLogger(__name__)
 
 RUNS = 20  # runs after the warm-up: long enough for arenas and caches to reach their size
+GENERATED_TOKENS = 64  # a language model's run: a short prompt, then this many tokens (its KV cache grows with them)
+RUNTIMES = ("onnxruntime", "openvino", "onnxruntime-genai", "openvino-genai")
 
 _PROBE = r"""
 import json, resource, sys
@@ -41,11 +45,16 @@ def status(field):
                 return int(line.split()[1])
     return None
 
-if args["runtime"] == "openvino":
+runtime = args["runtime"]
+if runtime == "openvino":
     import openvino as ov
+elif runtime == "openvino-genai":
+    import openvino_genai as ovg
+elif runtime == "onnxruntime-genai":
+    import onnxruntime_genai as og
 else:
     import onnxruntime as ort
-feeds = dict(np.load(args["feeds"]))
+feeds = dict(np.load(args["feeds"])) if args["feeds"] else {}
 try:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current resident set
@@ -53,10 +62,23 @@ try:
 except OSError:
     reset = False
 base_kb = status("VmRSS") or 0
-if args["runtime"] == "openvino":
+if runtime == "openvino":
     config = {"INFERENCE_NUM_THREADS": args["threads"]} if args["threads"] else {}
     request = ov.Core().compile_model(args["model"], "CPU", config).create_infer_request()
     run = lambda: request.infer(feeds)
+elif runtime == "openvino-genai":  # a language model: each run generates TOKENS tokens after a short prompt
+    pipeline = ovg.LLMPipeline(args["model"], "CPU")
+    run = lambda: pipeline.generate("The device runs several models", max_new_tokens=args["tokens"])
+elif runtime == "onnxruntime-genai":
+    model = og.Model(args["model"])
+
+    def run():
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=8 + args["tokens"])
+        generator = og.Generator(model, params)
+        generator.append_tokens([1, 2, 3, 4, 5, 6, 7, 8])
+        while not generator.is_done():
+            generator.generate_next_token()
 else:
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = args["threads"], 1
@@ -87,9 +109,11 @@ def runtime_key(runtime: str, provider: str) -> str:
 def measure_memory(
     model: Path, runtime: str, provider: str, feeds: Mapping[str, np.ndarray], threads: int = 1, runs: int = RUNS
 ) -> MemoryFigure:
-    """The memory `model` adds to a fresh process on `runtime`/`provider` at its peak (load, warm-up, `runs`)."""
+    """The memory `model` adds to a fresh process on `runtime`/`provider` at its peak (load, warm-up, `runs`). A
+    language model (`*-genai`: `model` is its folder, `feeds` unused) runs a short prompt and GENERATED_TOKENS
+    tokens, 5 times."""
     key = runtime_key(runtime, provider)
-    if runtime not in ("onnxruntime", "openvino"):
+    if runtime not in RUNTIMES:
         return MemoryFigure(key, None, f"{runtime} does not run on this host")
     if runtime == "onnxruntime":
         import onnxruntime as ort
@@ -97,10 +121,12 @@ def measure_memory(
         if provider not in ort.get_available_providers():
             return MemoryFigure(key, None, f"{provider} is not available on this host")
     with tempfile.TemporaryDirectory(prefix="edgefleet-memory-") as tmp:
-        feeds_path = Path(tmp) / "feeds.npz"
-        np.savez(feeds_path, **{k: np.asarray(v) for k, v in feeds.items()})  # type: ignore[arg-type]
-        args = {"runtime": runtime, "provider": provider, "model": str(model), "feeds": str(feeds_path),
-                "threads": threads, "runs": runs}  # fmt: skip
+        feeds_path = Path(tmp) / "feeds.npz" if feeds else None
+        if feeds_path is not None:
+            np.savez(feeds_path, **{k: np.asarray(v) for k, v in feeds.items()})  # type: ignore[arg-type]
+        generative = runtime.endswith("-genai")
+        args = {"runtime": runtime, "provider": provider, "model": str(model), "feeds": str(feeds_path or ""),
+                "threads": threads, "runs": 2 if generative else runs, "tokens": GENERATED_TOKENS}  # fmt: skip
         try:
             done = subprocess.run(
                 [sys.executable, "-c", _PROBE, json.dumps(args)], capture_output=True, text=True, timeout=600

@@ -16,6 +16,7 @@ from edgefleet.core.bundle.archive import read_signed_manifest
 from edgefleet.core.bundle.manifest import Manifest
 
 from support.cli import edgefleet
+from support.models.generative import TinylmBundles
 
 
 def _mlp(path: Path, width: int, layers: int) -> tuple[Path, int]:
@@ -80,3 +81,14 @@ def test_every_bundle_built_records_its_needs_and_bundle_show_prints_them(
     shown = edgefleet("bundle", "show", str(demo_bundles[profile]))
     assert shown.returncode == 0, shown.stderr
     assert f"needs     peak memory {needs.peak_memory_mb[key]:.1f} MB on {key}" in shown.stdout
+
+
+@pytest.mark.slow
+def test_a_language_model_bundle_records_its_peak_memory_while_generating(tinylm_bundles: TinylmBundles) -> None:
+    manifest = tinylm_bundles.manifest("generic-x86-64")
+    needs = manifest.resources
+    assert needs is not None and manifest.generation is not None
+    key = f"{manifest.recipe.runtime}/{manifest.providers[0]}"
+    assert set(needs.peak_memory_mb) == {key}
+    model_mb = sum(f.size for f in manifest.files if f.path.startswith("model/")) / 2**20
+    assert 0.5 * model_mb < needs.peak_mb(manifest.recipe.runtime) < 3 * model_mb + 200, (needs, model_mb)
