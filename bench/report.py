@@ -69,6 +69,18 @@ BENCHES = [
           "quiet, telemetry every 5 s), no client requests, its CPU from /proc/PID/stat over 60 s (goal ≤ 1 % of a "
           "core; issue 33's goal is for three idle slots, a device runs one model today); then ONNX Runtime alone "
           "with its workers spinning and not, alternated: CPU at 2 runs a second and back-to-back latency."),
+    Bench("batching", "Dynamic batching: 4 clients of a sub-millisecond model against raw ONNX Runtime",
+          "python bench/record.py batching -- python bench/batching.py --json bench/results/batching.json",
+          "The digits CNN with a symbolic batch dimension, fp32, CPU EP at 1 intra-op thread, in one process: 4 client "
+          "threads calling raw ONNX Runtime one request a run, the local API's run path unbatched, and batched "
+          "(max_queue_delay_ms 0 up to 8 rows; 0.2 ms up to 4), rounds rotating the order, medians of "
+          "requests a second; every batched answer compared bit for bit with the unbatched one (goal ≥ 1.0× raw)."),
+    Bench("multimodel", "Several models in one process: a detector keeps its latency while a language model talks",
+          "python bench/record.py multimodel -- python bench/multimodel.py --json bench/results/multimodel.json",
+          "nudenet-320n at a fixed rate (real-time), tinylm generating continuously (interactive), magika in bursts "
+          "(batch), alone, naive (free-running) and through one ComputeGate; the detector's p50/p95, tinylm's "
+          "tokens/s, the gate's queue and compute time per slot (a skeleton from the components; issue 33's goals: "
+          "p95 ≤ 1.25× alone, ≥ 70 % of the tokens/s)."),
     Bench("transfer", "Bundle transfer against a raw publish of the same bytes",
           "python bench/record.py transfer -- python bench/transfer.py --mb 16 --rounds 5 --kill-trials 5 "
           "--cap-seconds 15 --fleet 50 --links 20:50,200:5 --json bench/results/transfer.json",

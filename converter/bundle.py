@@ -5,6 +5,7 @@ the search that chose it). Files appear in `out` only when complete (packed, the
 from __future__ import annotations
 
 import hashlib
+import logging
 import platform
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ from edgefleet.converter.onnx_graph import opset_of, tensor_spec
 from edgefleet.converter.passes import custom_ops as cops
 from edgefleet.converter.passes import web
 from edgefleet.converter.request import ConvertRequest
+from edgefleet.converter.resources import flops_of, measure_memory, resource_needs
 from edgefleet.converter.search import (
     Built,
     ProfileSearch,
@@ -33,12 +35,15 @@ from edgefleet.core.bundle.manifest import (
     Manifest,
     Precision,
     Recipe,
+    ResourceNeeds,
     WebOptions,
 )
 from edgefleet.core.profiles import Target
 from edgefleet.core.quality.drift_stats import build_reference
 
 DRIFT_REFERENCE = "drift_reference.json"
+
+log = logging.getLogger(__name__)
 
 
 def write_bundle(
@@ -135,11 +140,30 @@ def write_bundle(
         search=search,
         drift_reference=DRIFT_REFERENCE,
         golden_hold=held,
+        resources=None if benchmark_only else _resources(inputs, found, built, target, status, staging / model_rel),
     )
     out_path = request.out / f"{request.name}-{request.version}-{profile.name}.bundle"
     out_path = staging.with_suffix(".bundle") if benchmark_only else out_path  # a candidate is published, not kept
     pack_bundle(out_path, manifest, sources, request.key)
     return out_path, bundle_id
+
+
+def _resources(
+    inputs: SearchRequest, found: ProfileSearch, built: Built, target: Target, status: TargetStatus, model: Path
+) -> ResourceNeeds | None:
+    """The bundle's peak memory on the runtime and provider it was timed on (where this host runs it), and the FLOPs
+    of one run (converter/resources.py)."""
+    feeds = inputs.evaluation.sample(0)
+    graph = model if model.suffix in (".onnx", ".xml") else built.prepared.model
+    flops = flops_of(graph, feeds, built.spec.hint) if graph is not None else None
+    threads = found.threads[0] if found.threads else inputs.threads
+    figures = []
+    if status.measurable:
+        figure = measure_memory(model, target.runtime, target.providers[0], feeds, threads)
+        if figure.peak_mb is None:
+            log.info("%s: peak memory not measured: %s", target.runtime, figure.reason)
+        figures.append(figure)
+    return resource_needs(figures, flops)
 
 
 def _machine() -> str:

@@ -391,8 +391,10 @@ def _convert_profile(
     )  # fmt: skip
     bundle_path, bundle_id = write_bundle(request, loaded, ws.work, found, built, target, status, on_devices)
     result.bundle, result.bundle_id = str(bundle_path), bundle_id
-    held = parse_manifest(read_signed_manifest(bundle_path).manifest_json).golden_hold  # as signed, not recomputed
+    signed = parse_manifest(read_signed_manifest(bundle_path).manifest_json)  # as signed, not recomputed
+    held = signed.golden_hold
     result.golden = held.model_dump(mode="json") if held else None
+    result.resources = signed.resources.model_dump(mode="json") if signed.resources else None
     return result
 
 

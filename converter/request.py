@@ -70,6 +70,7 @@ class ProfileResult:
     roofline: dict[str, dict[str, object]] = field(default_factory=dict)  # per candidate (converter.roofline)
     limits: dict[str, object] | None = None  # this machine's measured limits the rooflines are set against
     golden: dict[str, object] | None = None  # the bundle's golden figures and the rollout's floor (GoldenHold)
+    resources: dict[str, object] | None = None  # the bundle's measured peak memory and FLOPs (ResourceNeeds)
     # Under --time-budget: the budget, the seconds spent when this profile was done, and what the budget cut
     # (converter.deadline.Cut as dicts: what, how), in the order it was cut.
     time_budget: dict[str, object] | None = None

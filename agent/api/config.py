@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgefleet.agent.schedule.batcher import BatchingConfig
+
 
 class ServiceConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -34,6 +36,10 @@ class ServiceConfig(BaseModel):
         default=None, repr=False, min_length=16, description="when set, every request must carry "
         "Authorization: Bearer TOKEN (401 otherwise); required to listen beyond loopback",
     )  # fmt: skip
+    batching: BatchingConfig | None = Field(
+        default=None,
+        description="dynamic batching of models with a batch dimension (agent/schedule/batcher.py); None: off",
+    )
     workers: int = Field(
         default=0,
         ge=0,

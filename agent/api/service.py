@@ -33,6 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,8 @@ from edgefleet.agent.api.metrics.page import MetricsPage
 from edgefleet.agent.api.routes import Routes
 from edgefleet.agent.api.served import ServedModel
 from edgefleet.agent.quality import FeedbackError, FieldAccuracy, parse_labels
+from edgefleet.agent.schedule.batcher import Batcher, batch_support
+from edgefleet.agent.schedule.gate import ComputeGate
 from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import DataError
 
@@ -113,13 +116,16 @@ class InferenceService:
         generation: GenerationParts | None = None,
         on_model_answer: Callable[[str, float], None] | None = None,
         on_model_failure: Callable[[str], None] | None = None,
+        compute: ComputeGate | None = None,
     ) -> None:
         """`on_answer(latency_ms)` / `on_failure()`: a request answered / the model's own run failed (and the same
         with the model's name first: `on_model_answer`, `on_model_failure`, the daemon's per-slot accounting).
         `generation`: the limits, gate and accounting of generations (the daemon's, shared with MQTT; else the
-        service's own)."""
+        service's own). `compute`: the scheduler's compute gate (agent/schedule/gate.py): each run, batch and
+        generated token is a step of its model's slot, of the class the gate assigns that slot; None runs freely."""
         self.config = config or ServiceConfig()
-        self._generation = generation or GenerationParts.standalone()
+        self.compute = compute
+        self._generation = (generation or GenerationParts.standalone()).with_compute(compute)
         self._on_answer, self._on_failure = on_answer, on_failure
         self._on_model_answer, self._on_model_failure = on_model_answer, on_model_failure
         if self.config.unix_socket is None and not _is_loopback(self.config.host) and not self.config.api_token:
@@ -142,6 +148,11 @@ class InferenceService:
         self._running = 0
         self._using: dict[int, int] = {}  # id(model) -> requests using it
         self._server: HttpServer | None = None
+        self._batchers: dict[int, Batcher] = {}  # id(model) -> its batcher (config.batching; batchable models)
+        self._batching: dict[str, str] = {}  # model name -> whether and how it is batched, or why not
+        self._retired: set[int] = set()  # id(model) of models replaced: their batcher closes once unused
+        for model in self._models.values():
+            self._start_batching(model)
         self._errors = SampledLog(log)  # a model failing on every request writes a traceback a minute, not each
         self.metrics.queue_depth = lambda: max(0, self._pending - self._running)
         self.metrics.in_flight = lambda: self._running
@@ -196,6 +207,9 @@ class InferenceService:
             if slot is not None:
                 self._slots_of = {**self._slots_of, slot: name}
             self._models = models  # one reference assignment: readers see the old dict or the new one
+        self._start_batching(model)
+        if old is not None and old is not model:
+            self._retire(old)
         self.metrics.swaps.inc(name)
         log.info("serving %s from bundle %s on %s", name, model.bundle_id, model.provider)
         return old
@@ -208,7 +222,51 @@ class InferenceService:
             old = models.pop(name, None)
             self._slots_of = {s: n for s, n in self._slots_of.items() if n != name}
             self._models = models
+        if old is not None:
+            self._retire(old)
         return old
+
+    # --- dynamic batching (agent/schedule/batcher.py)
+    def _start_batching(self, model: ServedModel) -> None:
+        config, name = self.config.batching, model.manifest.model_name
+        if config is None:
+            self._batching[name] = "off (no batching configured)"
+            return
+        support = batch_support(model.manifest)
+        check, run_checked = getattr(model, "check", None), getattr(model, "run_checked", None)
+        if support.batchable and (check is None or run_checked is None):
+            support = type(support)(False, "this model cannot check a request apart from running it")
+        self._batching[name] = support.reason if support.batchable else f"not batched: {support.reason}"
+        log.info("%s (%s): %s", name, model.bundle_id, self._batching[name])
+        if support.batchable and id(model) not in self._batchers:
+            gate = None if self.compute is None else partial(self.compute.step, name)
+            self._batchers[id(model)] = Batcher(run_checked, config, name=name, gate=gate)  # type: ignore[arg-type]
+
+    def _retire(self, model: ServedModel) -> None:
+        """A replaced model's batcher closes once no admitted request uses the model any more."""
+        with self._count_lock:
+            if id(model) not in self._batchers:
+                return
+            if self._using.get(id(model), 0):
+                self._retired.add(id(model))
+                return
+            batcher = self._batchers.pop(id(model))
+        batcher.close()
+
+    def batching(self, model: ServedModel) -> dict[str, Any]:
+        """Whether `model` is batched, with what settings, and its batches so far (describe, bench/batching.py)."""
+        batcher = self._batchers.get(id(model))
+        reason = self._batching.get(model.manifest.model_name, "off")
+        if batcher is None:
+            return {"enabled": False, "reason": reason}
+        total = batcher.timer.total()
+        return {
+            "enabled": batcher.reason is None,
+            "reason": batcher.reason or reason,
+            **batcher.config.model_dump(),
+            "batches": total.batches,
+            "requests": total.batched_requests,
+        }
 
     def wait_idle(self, model: ServedModel, timeout_s: float = 30.0) -> bool:
         """True once no request is using `model` (after a swap, before closing it)."""
@@ -266,6 +324,8 @@ class InferenceService:
             while self._pending and time.monotonic() < deadline:
                 self._count_lock.wait(0.05)
         self._server.stop()
+        for batcher in list(self._batchers.values()):
+            batcher.close()
         if self.config.unix_socket is not None:
             self.config.unix_socket.unlink(missing_ok=True)
         self._server = None
@@ -295,6 +355,8 @@ class InferenceService:
         return Ticket(self, model)
 
     def _quick(self, ticket: Ticket) -> bool:
+        if id(ticket.model) in self._batchers:  # a batched request waits for its batch on a worker, never here
+            return False
         if self._last_ms.get(id(ticket.model), QUICK_MS) >= QUICK_MS or self._pending != 1:
             return False
         if not self._slots.acquire(blocking=False):
@@ -311,11 +373,20 @@ class InferenceService:
             else:
                 del self._using[id(model)]
             self._count_lock.notify_all()
+            retired = None
+            if not left and id(model) in self._retired:
+                self._retired.discard(id(model))
+                retired = self._batchers.pop(id(model))
+        if retired is not None:
+            retired.close()
 
     def run(self, ticket: Ticket, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
         """Run the admitted request's model: (outputs, latency ms). Input the model refuses is a 400; only an
         exception from the run itself is a model failure (a 500, counted against the model's health)."""
         model = ticket.model
+        batcher = self._batchers.get(id(model))
+        if batcher is not None:
+            return self._run_batched(model, batcher, feeds)
         if ticket.slot:  # taken by Ticket.quick: this run owns it now
             ticket.slot = False
         else:
@@ -326,7 +397,11 @@ class InferenceService:
             self._running += 1
         try:
             start = time.perf_counter()
-            outputs = model.run(feeds)
+            if self.compute is None:
+                outputs = model.run(feeds)
+            else:
+                with self.compute.step(model.manifest.model_name):
+                    outputs = model.run(feeds)
             latency_ms = (time.perf_counter() - start) * 1000
         except DataError as err:
             raise RequestError(400, "bad-request", str(err)) from err
@@ -348,6 +423,29 @@ class InferenceService:
             self._on_answer(latency_ms)
         if self._on_model_answer is not None:
             self._on_model_answer(model.manifest.model_name, latency_ms)
+        return outputs, latency_ms
+
+    def _run_batched(
+        self, model: ServedModel, batcher: Batcher, feeds: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """A batched model's run: the request is checked here, then answered from a batch (its latency includes its
+        wait for the batch). The batcher's workers bound the runs in flight, not the service's slots."""
+        start = time.perf_counter()
+        try:
+            model.check(feeds)  # type: ignore[attr-defined]
+            outputs = batcher.run(feeds)
+        except DataError as err:
+            raise RequestError(400, "bad-request", str(err)) from err
+        except Exception as err:  # the model's own failure: answers this request, counts against its health
+            self._errors.exception("inference", "inference failed on %s", model.bundle_id)
+            self.metrics.failure(model.manifest.model_name)
+            if self._on_failure is not None:
+                self._on_failure()
+            raise RequestError(500, "runtime", f"inference failed: {type(err).__name__}: {err}") from err
+        latency_ms = (time.perf_counter() - start) * 1000
+        self.metrics.observe(model.manifest.model_name, model.bundle_id, model.provider, latency_ms)
+        if self._on_answer is not None:
+            self._on_answer(latency_ms)
         return outputs, latency_ms
 
     def remember(
@@ -403,6 +501,7 @@ class InferenceService:
             "golden": None
             if golden is None
             else {"passed": golden.passed, "rule": golden.rule, "reason": golden.reason},
+            "batching": self.batching(model),
             "inputs": [spec.model_dump() for spec in manifest.inputs],
             "outputs": [spec.model_dump() for spec in manifest.outputs],
             **_generation(manifest, self._generation.config.max_tokens),

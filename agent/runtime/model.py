@@ -89,6 +89,15 @@ class LoadedModel:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Validated inference: wrong names, dtypes or shapes raise DataError before the runtime sees them."""
+        self.check(feeds)
+        return self._session.run(feeds)
+
+    def run_checked(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Inference on input `check` accepted (or several such inputs joined along the batch: agent/schedule/)."""
+        return self._session.run(feeds)
+
+    def check(self, feeds: dict[str, np.ndarray]) -> None:
+        """Raise DataError when `run` would refuse `feeds` (names, dtypes, shapes, non-finite values)."""
         if self.generative is not None:
             raise DataError(
                 f"{self.manifest.model_name} is a generative model: use its generate endpoints "
@@ -107,7 +116,6 @@ class LoadedModel:
                 raise DataError(
                     f"input {name!r} holds NaN or Infinity, and the model does not declare that it takes them"
                 )
-        return self._session.run(feeds)
 
     def _fits(self, feeds: dict[str, np.ndarray]) -> bool:
         """The same rules as check_inputs, precompiled: it runs on every request, so it must be cheap."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from edgefleet.converter.generative.judge import Reference
 from edgefleet.converter.generative.record import CandidateRecord
 from edgefleet.converter.generative.source import DecoderSource
 from edgefleet.converter.request import ConvertRequest
+from edgefleet.converter.resources import measure_memory, resource_needs
 from edgefleet.core.bundle.archive import describe_files, pack_bundle, sha256_file
 from edgefleet.core.bundle.generation import GenerationSpec, GenerativeQuality, TokenLatency
 from edgefleet.core.bundle.manifest import (
@@ -27,6 +29,7 @@ from edgefleet.core.bundle.manifest import (
     LatencyReport,
     Manifest,
     Recipe,
+    ResourceNeeds,
     SearchReport,
     TensorSpec,
 )
@@ -36,6 +39,8 @@ from edgefleet.core.profiles import GenerativeTarget, Profile
 from edgefleet.core.quality.generation import GoldenPrompts
 
 __all__ = ["GOLDEN", "MODEL_DIR", "BundleInputs", "check_runtime_configuration", "write_generative_bundle"]
+
+log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
 GOLDEN = "golden_prompts.json"
@@ -164,10 +169,20 @@ def write_generative_bundle(request: ConvertRequest, inputs: BundleInputs, stagi
             threads=[inputs.threads],
         ),
         generation=generation,
+        resources=_resources(folder, spec.runtime, spec.provider, inputs.threads) if times else None,
     )
     out_path = request.out / f"{request.name}-{request.version}-{profile.name}.bundle"
     pack_bundle(out_path, manifest, sources, request.key)
     return out_path, manifest
+
+
+def _resources(folder: Path, runtime: str, provider: str, threads: int) -> ResourceNeeds | None:
+    """The language model's peak memory on the runtime it was timed on: loaded from its folder in a fresh process,
+    generating (converter/resources.py); FLOPs are not counted for a generative bundle."""
+    figure = measure_memory(folder, runtime, provider, {}, threads)
+    if figure.peak_mb is None:
+        log.info("%s: peak memory not measured: %s", runtime, figure.reason)
+    return resource_needs([figure], None)
 
 
 def _is_tokenizer(name: str) -> bool:

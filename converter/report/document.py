@@ -14,7 +14,7 @@ from typing import Any
 
 from edgefleet.converter.model import SourceModel
 from edgefleet.converter.request import ConvertRequest, ProfileResult
-from edgefleet.core.bundle.manifest import GoldenHold
+from edgefleet.core.bundle.manifest import GoldenHold, ResourceNeeds
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -203,6 +203,9 @@ def _html(document: dict[str, Any], plots: dict[str, str]) -> str:
         if profile.get("golden"):
             held = GoldenHold.model_validate(profile["golden"])
             parts.append(f"<p class='golden'>{html.escape(held.summary())} ({html.escape(held.runtime)})</p>")
+        if profile.get("resources"):
+            needs = ResourceNeeds.model_validate(profile["resources"])
+            parts.append(f"<p class='resources'>{html.escape(needs.summary())}</p>")
         if profile["notes"]:
             parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in profile["notes"]) + "</ul>")
         if profile.get("time_budget"):

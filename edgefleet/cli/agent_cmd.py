@@ -14,6 +14,7 @@ from edgefleet.agent import quality
 from edgefleet.agent.api import GenerationConfig, ServiceConfig
 from edgefleet.agent.daemon import AgentConfig
 from edgefleet.agent.runtime import Policy
+from edgefleet.agent.schedule import BatchingConfig
 from edgefleet.cli.common import add_tls, resolve
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.topics import DEFAULT_PREFIX
@@ -94,6 +95,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--api-token", default=None, metavar="TOKEN",
         help="the token itself (visible in ps: prefer --api-token-file or $EDGEFLEET_API_TOKEN)",
     )  # fmt: skip
+    batch = parser.add_argument_group("dynamic batching (local API; models with a symbolic batch dimension)")
+    batch.add_argument(
+        "--batch-max-queue-delay-ms", type=float, default=None, metavar="MS",
+        help="join concurrent requests into one run, waiting at most MS for others to join (0: join only what is "
+        "already queued); off unless given. A model whose batch is fixed is served unbatched, and says why",
+    )  # fmt: skip
+    batch.add_argument("--batch-preferred-size", type=int, default=8, metavar="N",
+                       help="rows a batch is formed up to (default 8)")  # fmt: skip
+    batch.add_argument("--batch-instances", type=int, default=1, metavar="N",
+                       help="batches of one model running at once (default 1)")  # fmt: skip
     gen = parser.add_argument_group("generative models (local API and MQTT)")
     gen.add_argument("--generation-concurrency", type=int, default=2, help="generations running at once")
     gen.add_argument("--generation-queue", type=int, default=2, help="generations waiting; beyond them 503")
@@ -208,6 +219,13 @@ def _config(args: argparse.Namespace) -> AgentConfig:
             host=args.http_host,
             allowed_hosts=tuple(args.http_allowed_host),
             api_token=_api_token(args),
+            batching=None
+            if args.batch_max_queue_delay_ms is None
+            else BatchingConfig(
+                max_queue_delay_ms=args.batch_max_queue_delay_ms,
+                preferred_batch_size=args.batch_preferred_size,
+                instances=args.batch_instances,
+            ),
         ),
     )
 

@@ -48,6 +48,8 @@ def cmd_show(args: argparse.Namespace) -> None:
         print(f"golden    {manifest.golden_hold.summary()} ({manifest.golden_hold.runtime})")
     if manifest.latency:
         print(f"latency   {manifest.latency.median_ms:.4f} ms median on {manifest.latency.machine}")
+    if manifest.resources:
+        print(f"needs     {manifest.resources.summary()}")
     print(f"signed by {signed.key_id}\nfiles")
     for entry in manifest.files:
         print(f"  {entry.path:24} {entry.size:>10} B  {entry.sha256[:16]}…")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 from edgefleet.agent.api.error_log import SampledLog
@@ -30,6 +31,7 @@ from edgefleet.agent.runtime.generative import (
     Retired,
     Stopper,
 )
+from edgefleet.agent.schedule.gate import ComputeGate
 from edgefleet.agent.telemetry import RequestStats
 from edgefleet.core.bundle.manifest import Manifest
 
@@ -53,6 +55,11 @@ class GenerationParts:
     config: GenerationConfig
     gate: GenerationGate
     accounting: GenerationAccounting
+    compute: ComputeGate | None = None  # the scheduler's compute gate: each token is a step of the model's slot
+
+    def with_compute(self, compute: ComputeGate | None) -> GenerationParts:
+        """These parts with the scheduler's compute gate (agent/schedule/gate.py)."""
+        return replace(self, compute=compute)
 
     @classmethod
     def build(
@@ -124,7 +131,11 @@ class GenerationRunner:
             budget = model.budget(len(ids), call.max_tokens, self.parts.config.max_tokens)
         except BudgetError as err:
             raise RequestError(400, "bad-request", str(err)) from err
-        request = GenerationRequest(tuple(ids), budget, model.stop_ids, call.sampling, ignore_stop=call.ignore_eos)
+        compute, slot = self.parts.compute, str(served.manifest.model_name)
+        step = None if compute is None else partial(compute.step, slot)
+        request = GenerationRequest(
+            tuple(ids), budget, model.stop_ids, call.sampling, ignore_stop=call.ignore_eos, step=step
+        )
         return Prepared(call, served, model, request, template, stopper or Stopper())
 
     def _tokens(self, model: GenerativeModel, call: GenerationCall) -> tuple[list[int], str]:

@@ -172,6 +172,9 @@ class OpenVINOGenAISession(GenerativeSession):
                 if stopper is not None and stopper.stopped:
                     state["finish"] = stopper.reason
                     return stop
+            if request.step is not None:  # the pipeline waits for its streamer: between tokens, yield to real-time
+                with request.step():  # work (agent/schedule/gate.py; the token's own compute is not bracketed)
+                    pass
             return running
 
         streamer = _streamer(genai, write)

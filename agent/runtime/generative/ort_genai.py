@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,9 @@ class OrtGenAISession(GenerativeSession):
                 search["random_seed"] = sampling.seed
         params.set_search_options(**search)
         generator = og.Generator(self._model, params)
-        generator.append_tokens(prompt)  # the prefill
+        step = request.step or nullcontext
+        with step():
+            generator.append_tokens(prompt)  # the prefill
         stream = self._tokenizer.create_stream()
         tokens: list[int] = []
         pieces: list[str] = []
@@ -166,7 +169,8 @@ class OrtGenAISession(GenerativeSession):
             if stopper is not None and stopper.stopped:
                 finish = stopper.reason
                 break
-            generator.generate_next_token()
+            with step():  # between tokens, the generation yields to real-time work (agent/schedule/gate.py)
+                generator.generate_next_token()
             token = int(generator.get_next_tokens()[0])
             clock.token()
             tokens.append(token)

@@ -11,6 +11,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -20,6 +21,7 @@ from edgefleet.agent.runtime.backends import Session
 
 FinishReason = Literal["stop", "length", "cancelled"]
 OnText = Callable[[str], None]  # receives each decoded text piece, in order; must not raise
+StepGate = Callable[[], AbstractContextManager[object]]  # entered around each step of compute (agent/schedule/gate.py)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class GenerationRequest:
     stop_ids: frozenset[int] = frozenset()  # a token that ends the generation (not part of its text)
     sampling: Sampling | None = None  # None: greedy
     ignore_stop: bool = False  # run the whole budget whatever comes (timing)
+    # The scheduler's compute gate, entered around the prefill and each generated token, so that the generation
+    # yields between tokens while real-time work waits (None: it runs freely).
+    step: StepGate | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,7 @@ __all__ = [
     "GenerativeSession",
     "OnText",
     "Sampling",
+    "StepGate",
     "Stopper",
     "TokenClock",
 ]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from edgefleet.cli.common import add_json, default_key, edgefleet_home, fmt, print_json, print_table
 from edgefleet.cli.convert.farm import add_farm_options, farm_from, print_farm
-from edgefleet.core.bundle.manifest import GoldenHold
+from edgefleet.core.bundle.manifest import GoldenHold, ResourceNeeds
 from edgefleet.core.errors import ConversionError, UserInputError
 from edgefleet.core.profiles import get_profile, load_profiles
 from edgefleet.core.trust.signing import SigningKey
@@ -223,6 +223,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         for r in results:
             if r.golden:
                 print(f"  {r.profile}: {GoldenHold.model_validate(r.golden).summary()}")
+            if r.resources:
+                print(f"  {r.profile}: {ResourceNeeds.model_validate(r.resources).summary()}")
             for note in r.notes:
                 print(f"  {r.profile}: {note}")
         for r in results:  # what --time-budget cut (converter.deadline), also in the report

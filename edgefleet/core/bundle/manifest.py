@@ -211,6 +211,13 @@ class ResourceNeeds(Frozen):
                     return value
         return max(self.peak_memory_mb.values(), default=0.0)
 
+    def summary(self) -> str:
+        """One line a user reads: peak memory per runtime/provider and one run's compute."""
+        memory = ", ".join(f"{mb:.1f} MB on {key}" for key, mb in self.peak_memory_mb.items()) or "memory not measured"
+        flops = "" if self.flops_per_run is None else f"; {self.flops_per_run / 1e6:,.2f} MFLOP a run"
+        where = f" (measured on {self.measured_on})" if self.measured_on else ""
+        return f"peak memory {memory}{flops}{where}"
+
 
 class CustomOp(Frozen):
     """One operator outside the standard ONNX domains that the model still contains."""
