@@ -28,6 +28,7 @@ class Identity:
     profile: str
     accepts_profiles: tuple[str, ...]
     groups: tuple[str, ...]
+    profile_detection: tuple[str, ...] = ()  # why detection chose the profile (empty when --profile named it)
 
 
 class ServingState:
@@ -92,6 +93,7 @@ class ServingState:
             agent_version=__version__,
             profile=identity.profile,
             accepts_profiles=list(identity.accepts_profiles),
+            profile_detection=list(identity.profile_detection),
             groups=list(identity.groups),
             hardware=hardware(),
             providers=usable_providers(model),
