@@ -62,7 +62,7 @@ from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import BrokerError
 from edgefleet.core.messages import DeviceStatus
 from edgefleet.core.mqtt.connection import Connection, Will
-from edgefleet.core.profiles import device_profiles
+from edgefleet.core.profiles import detect_explained, device_profiles
 from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import TrustedKeys
 
@@ -77,7 +77,10 @@ class Agent:
         cid = config.device_id
         self.topics = Topics(config.prefix)
         # The most specific profile names this device; it also runs bundles for the profiles it refines.
-        profiles = device_profiles(config.profile)
+        if config.profile == "auto":  # the status says why: what matched, what did not, what INT8 lacks here
+            profiles, detection = detect_explained()
+        else:
+            profiles, detection = device_profiles(config.profile), []
         profile = profiles[0]
         self.stats = RequestStats()  # the generations' (every path's; telemetry puts them in the generative slot's)
         self.link = LinkPacer(config.max_bytes_per_s)  # the cap; reports before bundle chunks
@@ -104,7 +107,7 @@ class Agent:
             self.conn, self.topics, cid, Spool(config.state_dir / "outbox.sqlite", config.spool_max_records),
             resend_after_s=config.report_resend_after_s, resend_per_s=config.report_resend_per_s,
         )  # fmt: skip
-        identity = Identity(cid, profile.name, tuple(p.name for p in profiles), tuple(config.groups))
+        identity = Identity(cid, profile.name, tuple(p.name for p in profiles), tuple(config.groups), tuple(detection))
         budget_mb = config.memory_budget_mb or profile.memory_budget_mb
         self.budget = MemoryBudget(budget_mb)
         self.serving = DeviceServing(

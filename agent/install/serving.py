@@ -32,6 +32,7 @@ class Identity:
     profile: str
     accepts_profiles: tuple[str, ...]
     groups: tuple[str, ...]
+    profile_detection: tuple[str, ...] = ()  # why detection chose the profile (empty when --profile named it)
 
 
 class SlotServing:
@@ -229,6 +230,7 @@ class DeviceServing:
             agent_version=__version__,
             profile=identity.profile,
             accepts_profiles=list(identity.accepts_profiles),
+            profile_detection=list(identity.profile_detection),
             groups=list(identity.groups),
             hardware=hardware(),
             providers=usable_providers(models[0] if models else None),

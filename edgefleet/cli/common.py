@@ -261,12 +261,17 @@ def print_json(value: Any) -> None:
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     import shutil
 
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
     from edgefleet.core.untrusted import safe_text
 
+    try:
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+    except ImportError:  # a device install (rich comes with the `host` extra): the same cells, tab-separated
+        print(safe_text(title))
+        for line in (columns, *rows):
+            print("\t".join("-" if cell is None else safe_text(cell) for cell in line))
+        return
     table = Table(title=Text(safe_text(title)))
     for column in columns:
         table.add_column(column)

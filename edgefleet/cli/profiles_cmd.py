@@ -15,6 +15,7 @@ from edgefleet.core.profiles import (
     int8_notes,
     load_profiles,
     match_reasons,
+    match_summary,
 )
 
 
@@ -69,7 +70,7 @@ def cmd_detect(args: argparse.Namespace) -> None:
     matching = detect(profiles, facts)
     others = sorted((p for p in profiles if p not in matching), key=lambda p: p.name)
     verdicts: list[dict[str, Any]] = [
-        {"profile": p.name, "matches": True, "rank": rank, "why": _why_matches(p), "why_not": [],
+        {"profile": p.name, "matches": True, "rank": rank, "why": match_summary(p), "why_not": [],
          "notes": int8_notes(p, facts)}
         for rank, p in enumerate(matching, 1)
     ] + [
@@ -99,17 +100,3 @@ def cmd_detect(args: argparse.Namespace) -> None:
             for v in verdicts
         ],
     )
-
-
-def _why_matches(profile: Profile) -> str:
-    rules = profile.match
-    held = [f"arch {'|'.join(rules.arch)}"]
-    held += [f"os {'|'.join(rules.os)}"] if rules.os else []
-    held += [f"CPU flags {'+'.join(rules.cpu_flags_all)}"] if rules.cpu_flags_all else []
-    held += [f"a CPU flag of {'|'.join(rules.cpu_flags_any)}"] if rules.cpu_flags_any else []
-    held += [f"vendor {'|'.join(rules.cpu_vendor)}"] if rules.cpu_vendor else []
-    held += [f"files {', '.join(rules.files)}"] if rules.files else []
-    held += [f"board {'|'.join(rules.board_any)}"] if rules.board_any else []
-    held += [f"provider {'|'.join(rules.providers_any)}"] if rules.providers_any else []
-    refines = f"; refines {', '.join(profile.refines)}" if profile.refines else ""
-    return f"{', '.join(held)}{refines}"

@@ -175,6 +175,10 @@ class DeviceStatus(Message):
     accepts_profiles: list[str] = Field(
         default_factory=list, description="profiles whose bundles this device runs, most specific first"
     )
+    profile_detection: list[str] = Field(
+        default_factory=list,
+        description="why the agent detected its profile: what matched, what did not and why, what INT8 lacks here",
+    )
     groups: list[str] = Field(default_factory=list)
     hardware: Hardware | None = None
     providers: list[str] = Field(default_factory=list, description="execution providers available here")
@@ -194,11 +198,12 @@ class DeviceStatus(Message):
 
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """`native_code` is left out when empty, so control planes that predate it still parse the status of every
-        device that loads no native code."""
+        """`native_code` and `profile_detection` are left out when empty, so control planes that predate them still
+        parse the status of every device that loads no native code and was given its profile (--profile NAME)."""
         data = handler(self)
-        if not data.get("native_code"):
-            data.pop("native_code", None)
+        for optional in ("native_code", "profile_detection"):
+            if not data.get(optional):
+                data.pop(optional, None)
         return data
 
 

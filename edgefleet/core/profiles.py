@@ -13,9 +13,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
+from edgefleet.core import arm_hwcaps
 from edgefleet.core.errors import UnknownNameError, UserInputError
 
 PROFILES_DIR = Path(str(resources.files("edgefleet.device_profiles")))  # device_profiles/, mapped by setup.py
+ARM64_ARCHS = frozenset({"aarch64", "arm64"})  # platform.machine() on Linux, on macOS
 
 Precision = Literal["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "int8-weights"]
 Runtime = Literal["onnxruntime", "openvino", "coreml", "tensorrt", "onnxruntime-web"]
@@ -333,28 +335,34 @@ class HostFacts:
             providers = frozenset(onnxruntime.get_available_providers())
         except ImportError:
             providers = frozenset()
+        arch = platform.machine()
         return cls.parse(
             cpuinfo,
-            arch=platform.machine(),
+            arch=arch,
             os=platform.system(),
             existing_files=frozenset(f for f in watched_files if Path(f).exists()),
             providers=providers,
             board=board,
+            hwcaps=arm_hwcaps.read() if arch.lower() in ARM64_ARCHS else (),
         )
 
     @classmethod
     def parse(
         cls, cpuinfo: str, *, arch: str, os: str, existing_files: Iterable[str] = (),
-        providers: Iterable[str] = (), board: str = "",
+        providers: Iterable[str] = (), board: str = "", hwcaps: Iterable[str] = (),
     ) -> HostFacts:  # fmt: skip
         """The facts from /proc/cpuinfo's text (x86 `flags` and `vendor_id`, ARM `Features`; the first
-        processor's), the machine and system names, the watched files that exist, the providers and the board."""
-        flags: set[str] = set()
+        processor's), the machine and system names, the watched files that exist, the providers and the board.
+
+        On ARM64, `hwcaps` (the kernel's auxiliary vector, core/arm_hwcaps.py) add to `Features`, and x86 lines
+        are ignored: QEMU's user mode before 8.1 shows an emulated aarch64 program the host's x86 /proc/cpuinfo."""
+        arm = arch.lower() in ARM64_ARCHS
+        flags: set[str] = set(hwcaps)
         vendor = ""
         for line in cpuinfo.splitlines():
-            if line.startswith("vendor_id") and not vendor:
+            if line.startswith("vendor_id") and not vendor and not arm:
                 vendor = line.split(":", 1)[1].strip()
-            if line.startswith(("flags", "Features")):
+            if line.startswith("Features" if arm else ("flags", "Features")):
                 flags.update(line.split(":", 1)[1].split())
                 break
         return cls(
@@ -412,6 +420,39 @@ def detect(profiles: Iterable[Profile], facts: HostFacts) -> list[Profile]:
     return sorted(matching, key=lambda p: (-len(lineage(p.name, known)), -p.specificity, p.name))
 
 
+def match_summary(profile: Profile) -> str:
+    """The rules `profile` matches by, in words (what a machine it matches holds)."""
+    rules = profile.match
+    held = [f"arch {'|'.join(rules.arch)}"]
+    held += [f"os {'|'.join(rules.os)}"] if rules.os else []
+    held += [f"CPU flags {'+'.join(rules.cpu_flags_all)}"] if rules.cpu_flags_all else []
+    held += [f"a CPU flag of {'|'.join(rules.cpu_flags_any)}"] if rules.cpu_flags_any else []
+    held += [f"vendor {'|'.join(rules.cpu_vendor)}"] if rules.cpu_vendor else []
+    held += [f"files {', '.join(rules.files)}"] if rules.files else []
+    held += [f"board {'|'.join(rules.board_any)}"] if rules.board_any else []
+    held += [f"provider {'|'.join(rules.providers_any)}"] if rules.providers_any else []
+    refines = f"; refines {', '.join(profile.refines)}" if profile.refines else ""
+    return f"{', '.join(held)}{refines}"
+
+
+def detection_reasons(profiles: Iterable[Profile], facts: HostFacts) -> list[str]:
+    """Why detection chose what it chose, one line each: every profile that matches (most specific first) and the
+    rules it holds; every profile refining one of them that does not match, and why not; what the chosen profile's
+    INT8 targets lack on this CPU (int8_notes)."""
+    known = {p.name: p for p in profiles}
+    matching = detect(known.values(), facts)
+    names = {p.name for p in matching}
+    lines = [f"{p.name} matches: {match_summary(p)}" for p in matching]
+    lines += [
+        f"{p.name} does not: {'; '.join(match_reasons(p, facts))}"
+        for p in sorted(known.values(), key=lambda p: p.name)
+        if p.name not in names and names.intersection(p.refines)
+    ]
+    if matching:
+        lines += [f"{matching[0].name}: {note}" for note in int8_notes(matching[0], facts)]
+    return lines
+
+
 def detect_profile(directory: Path = PROFILES_DIR) -> Profile:
     """The most specific profile this machine satisfies."""
     return detect_profiles(directory)[0]
@@ -419,12 +460,17 @@ def detect_profile(directory: Path = PROFILES_DIR) -> Profile:
 
 def detect_profiles(directory: Path = PROFILES_DIR) -> list[Profile]:
     """Every profile this machine satisfies, most specific first (UserInputError when none does)."""
+    return detect_explained(directory)[0]
+
+
+def detect_explained(directory: Path = PROFILES_DIR) -> tuple[list[Profile], list[str]]:
+    """`detect_profiles`, with `detection_reasons` for what it found."""
     profiles = load_profiles(directory).values()
     facts = HostFacts.probe(f for p in profiles for f in p.match.files)
     found = detect(profiles, facts)
     if not found:
         raise UserInputError(f"no profile matches this machine ({facts.arch}, {facts.os}); pass --profile NAME")
-    return found
+    return found, detection_reasons(profiles, facts)
 
 
 def device_profiles(choice: str, directory: Path = PROFILES_DIR) -> list[Profile]:

@@ -50,17 +50,20 @@ class AgentProcess:
         *,
         broker: str,
         trust: Path,
-        profile: str = "intel-x86-vnni",
+        profile: str | None = "intel-x86-vnni",
         groups: tuple[str, ...] = (),
         telemetry_interval: float = 1.0,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        python: tuple[str, ...] = (),
     ) -> None:
+        """`profile` None: no --profile, the agent detects its own. `python`: the command that runs the agent's Python
+        (default EDGEFLEET_AGENT_PYTHON, else this interpreter), e.g. one inside the ARM64 root (support/arm64.py)."""
         self.device_id, self.state_dir, self.extra_env = device_id, state_dir, env or {}
         self.cmd = [
-            AGENT_PYTHON or sys.executable, "-m", "edgefleet", "agent", "--broker", broker, "--device-id", device_id,
-            "--state-dir", str(state_dir), "--profile", profile, "--trust", str(trust),
-            "--telemetry-interval", str(telemetry_interval), "--threads", "1",
+            *(python or (AGENT_PYTHON or sys.executable,)), "-m", "edgefleet", "agent", "--broker", broker,
+            "--device-id", device_id, "--state-dir", str(state_dir), *(("--profile", profile) if profile else ()),
+            "--trust", str(trust), "--telemetry-interval", str(telemetry_interval), "--threads", "1",
             *(extra if "--http-port" in extra else ("--http-port", "0", *extra)),
         ]  # fmt: skip
         for group in groups:

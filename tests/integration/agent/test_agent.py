@@ -126,6 +126,7 @@ def test_a_device_runs_bundles_for_the_profiles_its_own_refines_unprompted(
     status = watcher.serving("dev-auto-profile", bundle_id)
     assert status.profile == detect_profile().name and status.accepts_profiles[0] == status.profile
     assert "generic-x86-64" in status.accepts_profiles
+    assert status.profile_detection[0].startswith(f"{status.profile} matches: arch "), status.profile_detection
 
 
 def test_versions_only_go_up_unless_the_host_marks_a_rollback(

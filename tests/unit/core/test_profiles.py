@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
 import yaml
 
+from edgefleet.core import arm_hwcaps
 from edgefleet.core.errors import UnknownNameError, UserInputError
 from edgefleet.core.profiles import (
     PROFILES_DIR,
     HostFacts,
     detect,
+    detection_reasons,
     device_profiles,
     get_profile,
     int8_notes,
@@ -186,3 +189,44 @@ def test_the_arm_profiles_nest_under_generic_arm64_as_the_x86_ones_under_generic
     assert int8_notes(get_profile("generic-x86-64"), VNNI) == [] and int8_notes(
         get_profile("generic-x86-64"), AVX2_ONLY
     )
+
+
+def _auxv(hwcap: int, hwcap2: int = 0) -> bytes:
+    """An aarch64 auxiliary vector: AT_PAGESZ, AT_HWCAP, AT_HWCAP2, then AT_NULL."""
+    words = [(6, 4096), (arm_hwcaps.AT_HWCAP, hwcap), (arm_hwcaps.AT_HWCAP2, hwcap2), (0, 0)]
+    return b"".join(struct.pack("<QQ", kind, value) for kind, value in words)
+
+
+def test_the_kernels_hwcaps_name_the_arm_cpu_features_as_cpuinfo_does() -> None:
+    # Cortex-A76 (Raspberry Pi 5): fp asimd ... asimddp; a Neoverse-class CPU adds i8mm and bf16 in AT_HWCAP2.
+    a76 = 1 << 0 | 1 << 1 | 1 << 20
+    assert arm_hwcaps.decode(_auxv(a76)) == {"fp", "asimd", "asimddp"}
+    assert {"i8mm", "bf16", "asimddp"} <= arm_hwcaps.decode(_auxv(a76, 1 << 13 | 1 << 14))
+    assert arm_hwcaps.decode(_auxv(1 << 0 | 1 << 1)) == {"fp", "asimd"}  # a Cortex-A53/A72: no dot product
+    assert arm_hwcaps.read(Path("/nonexistent/auxv")) == frozenset()
+
+
+def test_an_emulated_arm_cpu_is_judged_by_its_hwcaps_not_the_hosts_x86_cpuinfo() -> None:
+    """QEMU's user mode before 8.1 shows an aarch64 program the host's /proc/cpuinfo; the auxiliary vector is the
+    emulated CPU's (tests/e2e/test_arm64_agent.py runs the agent so)."""
+    host_text = "vendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512_vnni\n"
+    emulated = HostFacts.parse(host_text, arch="aarch64", os="Linux", hwcaps=arm_hwcaps.decode(_auxv(0b11 | 1 << 20)))
+    assert emulated.cpu_flags == {"fp", "asimd", "asimddp"} and emulated.cpu_vendor == ""
+    assert [p.name for p in detect(load_profiles().values(), emulated)] == ["generic-arm64"]
+    assert int8_notes(get_profile("generic-arm64"), emulated) == []
+    without_dot = HostFacts.parse(host_text, arch="aarch64", os="Linux", hwcaps={"fp", "asimd"})
+    assert "none of asimddp" in int8_notes(get_profile("generic-arm64"), without_dot)[0]
+
+
+def test_detection_says_what_matched_what_did_not_and_what_int8_lacks() -> None:
+    lines = detection_reasons(load_profiles().values(), _arm(A53_CPUINFO, "Pine64 PINE A64+"))
+    assert lines[0] == "generic-arm64 matches: arch aarch64|arm64, os linux"
+    assert "rpi5-arm64 does not: board 'Pine64 PINE A64+' is none of ['Raspberry Pi 5']" in lines
+    assert any(line.startswith("jetson-orin-nano does not: missing /etc/nv_tegra_release") for line in lines)
+    assert not any(line.startswith("intel-x86-vnni") for line in lines), "only the ARM refinements are explained"
+    assert lines[-1].startswith("generic-arm64: onnxruntime INT8: the CPU has none of asimddp")
+    pi = detection_reasons(load_profiles().values(), _arm(PI5_CPUINFO, "Raspberry Pi 5 Model B Rev 1.0"))
+    assert pi[:2] == [
+        "rpi5-arm64 matches: arch aarch64|arm64, os linux, board Raspberry Pi 5; refines generic-arm64",
+        "generic-arm64 matches: arch aarch64|arm64, os linux",
+    ] and not any("INT8" in line for line in pi)
