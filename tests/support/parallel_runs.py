@@ -72,13 +72,33 @@ class _GroupsByPath:
         from xdist.scheduler import LoadGroupScheduling
 
         class PathGroupScheduling(LoadGroupScheduling):
+            ordered = False
+
             def _split_scope(self, nodeid: str) -> str:
                 if nodeid.rfind("@") > nodeid.rfind("]"):
                     return super()._split_scope(nodeid)
                 group = xdist_group(nodeid.split("::")[0].removeprefix("tests/"))
                 return nodeid if group is None else f"group:{group}"
 
+            def _assign_work_unit(self, node: object) -> None:
+                # The longest units first, so that none starts last: xdist orders them by test count, which put the
+                # two pages (4 tests, a quarter of an hour) at the end of the queue.
+                if not self.ordered:
+                    self.ordered = True
+                    units = sorted(self.workqueue.items(), key=lambda unit: (_rank(unit[0]), -len(unit[1])))
+                    self.workqueue.clear()
+                    self.workqueue.update(units)
+                super()._assign_work_unit(node)  # type: ignore[arg-type]
+
         return PathGroupScheduling(config, log)  # type: ignore[arg-type]
+
+
+def _rank(scope: str) -> int:
+    """Where a unit of work goes in the queue: the CPU-bound group, the pages, end-to-end, integration, unit tests."""
+    for rank, prefix in enumerate(("group:cpu-heavy", "group:fixed-ports", "group:e2e/", "group:integration/")):
+        if scope.startswith(prefix):
+            return rank
+    return 4
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
