@@ -1,10 +1,11 @@
 """How the suite runs in parallel (pytest-xdist, `--dist loadgroup`; scripts/test runs it so), in one place.
 
-scripts/test runs the suite in two passes: every test not marked `serial` on several workers (`-n 4 --skip-serial`:
-most integration and end-to-end tests wait on real agents, brokers and rollouts, not on the CPU), then the tests
-marked `serial` alone (`--only-serial`). A test is `serial` when the figure it asserts is a promise about a quiet
-machine (an idle agent's CPU share, a byte rate held within 10 %, a wall-time budget against a load the test makes
-itself, a benchmark run as a test) and another test beside it would change the figure, not the behaviour.
+scripts/test runs the suite in two passes: every test not marked `serial` on several workers (`-n 3 --dist loadgroup
+--skip-serial`: most integration and end-to-end tests wait on real agents, brokers and rollouts, not on the CPU),
+then the tests marked `serial` alone (`--only-serial`). A test is `serial` when the figure it asserts is a promise
+about a quiet machine (an idle agent's CPU share, a byte rate held within 10 %, a wall-time budget against a load the
+test makes itself) and another test beside it would change the figure, not the behaviour. A benchmark run as a test
+that asserts no figure (bench/fleet.py) is CPU-bound, not serial.
 
 In the parallel pass the scheduler groups the tests by their path (`xdist_group` below), so that:
 - the CPU-bound tests (conversions, the recipe search, the runtimes' own builders) run one after another on one
@@ -30,6 +31,7 @@ CPU_HEAVY = (
     "integration/converter/",
     "integration/targets/",
     "integration/agent/test_benchmark_farm.py",  # devices time every candidate (a benchmark farm, 132 s)
+    "integration/agent/runtime/test_generative_runtime.py",  # its module fixture converts tinylm for OpenVINO GenAI
     "integration/packaging/test_demo_wheel.py",  # pip installs the host extra into a fresh venv, then the demo
     "integration/control/test_control_bench.py",  # bench/fleet.py: 60 simulated devices on two backends (93 s)
 )
