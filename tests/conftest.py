@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,12 +19,16 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 from support.fleet import AgentProcess, FleetWatcher
 from support.host_cpu import as_this_host, hide_cpu_flags_from_env
 from support.paths import DIGITS
+from support.run_once import once_per_run
 from support.servers.brokers import MosquittoBroker
 from support.servers.pg_server import PostgresServer
 
 # Fixtures that live beside their helpers: the attack ledger (and its end-of-session table), the local API's
-# loaded models, the quality tests' bundles, the generative (tinylm) bundles, the rollout tests' bundles.
+# loaded models, the quality tests' bundles, the generative (tinylm) bundles, the rollout tests' bundles; and how the
+# suite runs in parallel (xdist groups, the serial pass); docs/getting-started.md's fleet, run once a session.
 pytest_plugins = [
+    "support.parallel_runs",
+    "support.doc_pages",
     "support.attacks.ledger",
     "support.local_api",
     "support.models.quality_bundles",
@@ -61,7 +66,8 @@ def host_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[keyring.Host
     test that starts `control serve` or a CLI subprocess gets the keys whatever ran before it), so host code
     (publish, deploy, the control plane) and CLI subprocesses sign with these keys."""
     home = tmp_path_factory.mktemp("edgefleet-home")
-    keyring.init(home / "keys")
+    # one set of keys for the run, so that what once_per_run makes (signed bundles) is trusted on every xdist worker
+    shutil.copytree(once_per_run(tmp_path_factory, "keys", _initialized), home / "keys")
     previous = os.environ.get("EDGEFLEET_HOME")
     os.environ["EDGEFLEET_HOME"] = str(home)
     yield keyring.HostKeys(home / "keys")
@@ -69,6 +75,11 @@ def host_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[keyring.Host
         os.environ.pop("EDGEFLEET_HOME", None)
     else:
         os.environ["EDGEFLEET_HOME"] = previous
+
+
+def _initialized(directory: Path) -> Path:
+    keyring.init(directory)
+    return directory
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -101,11 +112,14 @@ def signing_key(keys: tuple[Path, Path]) -> SigningKey:
 
 @pytest.fixture(scope="session")
 def demo_bundles(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> dict[str, Path]:
-    """The digits CNN converted for both starting profiles, version 1."""
+    """The digits CNN converted for both starting profiles, version 1 (once per run: support/parallel_runs.py)."""
+    return once_per_run(tmp_path_factory, "bundles", lambda out: _demo_bundles(out, signing_key))
+
+
+def _demo_bundles(out: Path, signing_key: SigningKey) -> dict[str, Path]:
     from edgefleet.converter import ConvertRequest, convert
     from edgefleet.core.profiles import get_profile
 
-    out = tmp_path_factory.mktemp("bundles")
     results = convert(
         ConvertRequest(
             model=DIGITS / "digits_cnn.onnx",

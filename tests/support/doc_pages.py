@@ -4,10 +4,15 @@ A block marked `{run}` runs in bash (`set -euo pipefail`; a `python` block in th
 0; `{run=background ready=…}` starts a long-running process (its own terminal on the page) and waits until its
 output matches the `ready` pattern, or `ready=port:N` until something listens on N. Blocks without the mark are
 read, never run (install steps: the tests run in the checkout's own environment).
+
+docs/getting-started.md runs once per session (`getting_started_fleet`): tests/e2e/test_getting_started.py checks
+what it promises, and tests/e2e/test_language_models_page.py runs docs/language-models.md on the fleet it leaves,
+as the page says a reader does, instead of building a second fleet the same way (5 minutes).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -21,6 +26,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
+
+from support.paths import REPO
 
 _FENCE = re.compile(r"^```(?P<lang>\w+)[ \t]*(?:\{(?P<attrs>[^}]*)\})?[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.S | re.M)
 
@@ -149,3 +158,58 @@ def fresh_directory(ports: tuple[int, ...], models: Path) -> Iterator[Path]:
         directory = Path(name)
         (directory / "models").symlink_to(models)
         yield directory
+
+
+GETTING_STARTED = REPO / "docs" / "getting-started.md"
+PORTS = (8883, 8780, 8471, 8472)  # getting-started's broker, dashboard and agents' local API ports
+
+
+@dataclass(frozen=True)
+class GettingStartedFleet:
+    """docs/getting-started.md, run as written: the page (its directory, its running broker, control plane and two
+    agents), how long each block took, and where the devices were after the page's rollback."""
+
+    page: Page
+    timings: list[str]
+    version_1: str  # the bundle id of digits_cnn-1 for generic-x86-64, as `bundle show` reads it
+    after_rollback: dict[str, str]  # device -> bundle, once both served version 1 (or when 180 s had passed)
+
+
+@pytest.fixture(scope="session")
+def getting_started_fleet() -> Iterator[GettingStartedFleet]:
+    """Runs docs/getting-started.md once; its background processes run until the session ends. Its tests share the
+    xdist group fixed-ports (support/parallel_runs.py), so they run on one worker and find the fleet there."""
+    with fresh_directory(PORTS, REPO / "models") as directory:
+        page = Page(directory, GETTING_STARTED)
+        try:
+            timings, started = [], time.monotonic()
+            for block in page_blocks(GETTING_STARTED.read_text()):
+                begin = time.monotonic()
+                page.run(block)
+                timings.append(f"line {block.line}: {time.monotonic() - begin:.1f} s (at {begin - started:.1f} s)")
+            version_1, after = _after_the_rollback(page)
+            fleet = GettingStartedFleet(page, timings, version_1, after)
+        except AssertionError as err:
+            tails = page.tails()
+            page.close()
+            raise AssertionError(f"{err}\n{tails}") from None
+        except BaseException:
+            page.close()
+            raise
+        try:
+            yield fleet
+        finally:
+            page.close()
+
+
+def _after_the_rollback(page: Page) -> tuple[str, dict[str, str]]:
+    """Version 1's bundle id, and what `fleet status` shows once both devices run it (or after 180 s)."""
+    shown = json.loads(page.edgefleet("bundle", "show", "bundles/digits_cnn-1-generic-x86-64.bundle", "--json").stdout)
+    first = shown["manifest"]["bundle_id"]
+    deadline = time.monotonic() + 180
+    while True:
+        fleet = json.loads(page.edgefleet("fleet", "status", "--wait", "1", "--json").stdout)
+        bundles = {d["device_id"]: d["bundle"] for d in fleet["devices"]}
+        if bundles == {"dev-1": first, "dev-2": first} or time.monotonic() > deadline:
+            return first, bundles
+        time.sleep(2)

@@ -206,8 +206,11 @@ def test_a_device_frozen_on_an_expired_document_reports_stale_and_keeps_serving(
 ) -> None:  # fmt: skip
     start_agent("atk-freeze")
     manifest, _ = publish_bundle(host, topics, demo_bundles["intel-x86-vnni"], block_size=16 * 1024)
+    # The 10 s document must reach a device that listens: on a loaded machine an agent still starting met it expired
+    # ("not acting on it") and never installed anything.
+    watcher.wait_for("atk-freeze online", lambda: (s := watcher.status.get("atk-freeze")) and s.online, timeout=120)
     deploy(host, topics, manifest, devices=["atk-freeze"], groups=[], ttl_s=10.0)
-    watcher.serving("atk-freeze", manifest.bundle_id)
+    watcher.serving("atk-freeze", manifest.bundle_id, timeout=120)
     # The attacker withholds every newer document (here: nobody publishes one).
     status = watcher.wait_for(
         "atk-freeze reporting stale desired state",
@@ -285,7 +288,7 @@ def test_a_tar_bomb_never_reaches_the_tar_parser(
     agent = start_agent("atk-bomb")
     v1 = demo_bundles["intel-x86-vnni"]
     v1_id = deploy_to(host, topics, v1, devices=("atk-bomb",))
-    watcher.serving("atk-bomb", v1_id)
+    watcher.serving("atk-bomb", v1_id, timeout=120)  # the install of v1 (30 s was too short on a loaded machine)
     bomb = _tar_bomb(tmp_path / "bomb.tar")
     block = 16 * 1024
 

@@ -24,6 +24,7 @@ def _cpu_s(pid: int) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a CPU share of 1 %: other tests beside it add their cache misses and wake-ups to it
 def test_an_agent_serving_a_model_with_no_requests_uses_at_most_one_percent_of_a_core(
     start_agent: Callable[..., AgentProcess], host: Connection, topics: Topics, watcher: FleetWatcher,
     demo_bundles: dict[str, Path],

@@ -41,6 +41,7 @@ def two_busy_processes() -> Iterator[None]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the load is the two processes the test starts, not whatever else runs beside it
 def test_a_conversion_keeps_its_time_budget_with_two_busy_processes_and_reports_what_it_cut(
     tmp_path: Path, signing_key: SigningKey, two_busy_processes: None
 ) -> None:

@@ -4,6 +4,9 @@ Attack tests take the session fixture `attack_ledger`, call `record(name, succee
 then assert that it did not succeed. At the end of the session the table of every attack tried is printed, with
 the count of attacks that succeeded (the goal is 0), and written to `attack-report.json` when
 `EDGEFLEET_ATTACK_REPORT` names a path.
+
+Under pytest-xdist each worker has its own ledger; a test's attacks travel with its teardown report (as user
+properties) to the process that prints the table, so the table holds every attack of the run on one worker or many.
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ class AttackLedger:
         return "\n".join(lines)
 
 
-_LEDGER = AttackLedger()
+_LEDGER = AttackLedger()  # what this process's tests record
+_REPORTED = AttackLedger()  # what the reports of the run carry: the table (on xdist's controller, every worker's)
+_PROPERTY = "edgefleet-attack"
+_SENT = [0]  # how many of _LEDGER's attacks have left with a report
 
 
 @pytest.fixture(scope="session")
@@ -60,15 +66,25 @@ def attack_ledger() -> Iterator[AttackLedger]:
 
 
 @pytest.fixture(autouse=True)
-def _name_current_attack_test(request: pytest.FixtureRequest) -> None:
+def _name_current_attack_test(request: pytest.FixtureRequest) -> Iterator[None]:
     _LEDGER.current_test = request.node.nodeid
+    yield
+    # every attack not sent yet, those a module fixture recorded before this test included
+    for attack in _LEDGER.attacks[_SENT[0] :]:
+        request.node.user_properties.append((_PROPERTY, asdict(attack)))
+    _SENT[0] = len(_LEDGER.attacks)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        _REPORTED.attacks.extend(Attack(**value) for name, value in report.user_properties if name == _PROPERTY)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not _LEDGER.attacks:
+    if not _REPORTED.attacks:
         return
     terminalreporter.section("attack suite")
-    terminalreporter.write_line(_LEDGER.table())
+    terminalreporter.write_line(_REPORTED.table())
     report = os.environ.get("EDGEFLEET_ATTACK_REPORT")
     if report:
-        Path(report).write_text(json.dumps([asdict(a) for a in _LEDGER.attacks], indent=2))
+        Path(report).write_text(json.dumps([asdict(a) for a in _REPORTED.attacks], indent=2))

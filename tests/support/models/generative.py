@@ -1,11 +1,11 @@
 """Signed generative bundles of models/tinylm (a 0.92M-parameter Llama), for the converter's tests and the agent's.
 
-`tinylm_bundles` (session fixture) converts models/tinylm once per session for generic-x86-64 (ONNX Runtime GenAI)
-and intel-x86-vnni (OpenVINO GenAI and ONNX Runtime GenAI), each profile taken `as_this_host` so its candidates are
-timed on whatever CPU runs the tests, with the default bars; about a minute on 2 cores. The bundles are signed
-with the session's bundle key (`keys` / `trusted` in tests/conftest.py). Which candidate each profile ships
-(INT4, INT8, bf16 or FP32; ONNX Runtime or OpenVINO) is the converter's choice by speed on this machine:
-`TinylmBundles.manifest(profile)` says what it chose.
+`tinylm_bundles` (session fixture) converts models/tinylm once per session (per run under xdist) for
+generic-x86-64 (ONNX Runtime GenAI) and intel-x86-vnni (OpenVINO GenAI and ONNX Runtime GenAI), each profile taken
+`as_this_host` so its candidates are timed on whatever CPU runs the tests, with the default bars; about a minute on
+2 cores. The bundles are signed with the session's bundle key (`keys` / `trusted` in tests/conftest.py). Which
+candidate each profile ships (INT4, INT8, bf16 or FP32; ONNX Runtime or OpenVINO) is the converter's choice by
+speed on this machine: `TinylmBundles.manifest(profile)` says what it chose.
 
 `convert_tinylm(out, key, ...)` converts it again with other options (stricter bars, other profiles, a version).
 """
@@ -26,6 +26,7 @@ from edgefleet.core.trust.signing import SigningKey
 
 from support.host_cpu import as_this_host
 from support.paths import TINYLM
+from support.run_once import once_per_run
 
 PROFILES = ("generic-x86-64", "intel-x86-vnni")
 MODEL_DIR = TINYLM / "model"
@@ -69,8 +70,12 @@ def convert_tinylm(
 
 @pytest.fixture(scope="session")
 def tinylm_bundles(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> TinylmBundles:
-    """models/tinylm converted once per session for generic-x86-64 and intel-x86-vnni, default bars, version 1."""
-    out = tmp_path_factory.mktemp("tinylm-bundles")
+    """models/tinylm converted once per session (per run under xdist: support/parallel_runs.py) for generic-x86-64
+    and intel-x86-vnni, default bars, version 1."""
+    return once_per_run(tmp_path_factory, "tinylm-bundles", lambda out: _tinylm_bundles(out, signing_key))
+
+
+def _tinylm_bundles(out: Path, signing_key: SigningKey) -> TinylmBundles:
     results = convert_tinylm(out, signing_key)
     missing = {r.profile: r.error for r in results if not r.bundle}
     assert not missing, f"tinylm did not convert: {missing}"
