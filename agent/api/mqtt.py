@@ -26,6 +26,7 @@ from edgefleet.agent.api.errors import RequestError
 from edgefleet.agent.api.string_inputs import takes_text, text_from_array
 from edgefleet.agent.quality import FeedbackError, Quality
 from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.schedule.gate import ComputeGate
 from edgefleet.agent.telemetry import RequestStats
 from edgefleet.core.bundle.manifest import TensorSpec
 from edgefleet.core.errors import BrokerError, DataError
@@ -70,9 +71,10 @@ class MqttInference:
         stats: RequestStats,
         feedback: Callable[[bytes], bool],
         queue_size: int = 256,
+        compute: ComputeGate | None = None,
     ) -> None:
         self.conn, self.topics, self.device_id = conn, topics, device_id
-        self.route, self.stats, self.feedback = route, stats, feedback
+        self.route, self.stats, self.feedback, self.compute = route, stats, feedback, compute
         self._requests: queue.Queue[bytes] = queue.Queue(maxsize=queue_size)
         self.beat = time.monotonic()
         self.errors = SampledLog(log)  # a flood of bad or failing requests is counted, never a line each
@@ -136,7 +138,11 @@ class MqttInference:
             specs = {spec.name: spec for spec in model.manifest.inputs}
             feeds = {name: _feed(name, tensor, specs.get(name)) for name, tensor in request.inputs.items()}
             start = time.perf_counter()
-            outputs = model.run(feeds)
+            if self.compute is None:
+                outputs = model.run(feeds)
+            else:  # a step of the model's slot, ordered by its class (agent/schedule/gate.py)
+                with self.compute.step(model.manifest.model_name):
+                    outputs = model.run(feeds)
             latency = (time.perf_counter() - start) * 1000
         except (MessageError, DataError, RequestError) as err:  # the caller's input: never the model's failure
             stats.record_error("mqtt:bad-input")

@@ -13,9 +13,11 @@ from collections.abc import Callable
 from edgefleet.agent.api import InferenceService, MqttInference
 from edgefleet.agent.daemon.slots import SlotParts, Slots
 from edgefleet.agent.install import DesiredState, DeviceServing
+from edgefleet.agent.runtime import LoadedModel
+from edgefleet.agent.schedule.gate import ComputeGate
 from edgefleet.agent.telemetry import Reporter, RequestStats, ResourceSampler, SpoolFigures
 from edgefleet.agent.transfer import LinkPacer
-from edgefleet.core.messages import Telemetry
+from edgefleet.core.messages import SlotTiming, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +37,13 @@ class Heartbeat:
         link: LinkPacer,
         mqtt: MqttInference,
         service: Callable[[], InferenceService | None],
+        compute: ComputeGate | None = None,
     ) -> None:
         self.interval_s, self.reporter, self.serving, self.slots, self.desired = (
             interval_s, reporter, serving, slots, desired
         )  # fmt: skip
         self.refusals, self.generations, self.resources, self.link = refusals, generations, resources, link
-        self.mqtt, self.service = mqtt, service
+        self.mqtt, self.service, self.compute = mqtt, service, compute
         self._stale: str | None = None
 
     def run(self, stop: threading.Event) -> None:
@@ -81,7 +84,7 @@ class Heartbeat:
         service = self.service()
         golden = model.last_golden if model else None
         cpu = self.resources.cpu_percent() if cpu is None else cpu
-        streaming = generative and model is not None and bool(model.generative.active)  # type: ignore[union-attr]
+        streaming = generative and model is not None and bool(model.generative.active)
         idle = requests == 0 and errors == 0 and not streaming  # no client request in the window
         quality = parts.quality.telemetry_fields(model) if parts is not None else {}
         return Telemetry(
@@ -107,8 +110,16 @@ class Heartbeat:
             seq=spool.seq,
             link=self.link.report(),
             generation=self.generations.generation.snapshot() if generative else None,
+            scheduling=self._scheduling(model),
             **quality,
         )
+
+    def _scheduling(self, model: LoadedModel | None) -> SlotTiming | None:
+        """The scheduler's queue and compute time for the slot's model over the window (the gate keys by model)."""
+        if self.compute is None or model is None:
+            return None
+        window = self.compute.window(model.manifest.model_name)
+        return SlotTiming(**window.fields()) if window is not None else None
 
     def _errors_by_kind(self, service: InferenceService | None, stats: RequestStats, *, first: bool) -> dict[str, int]:
         """The local API's refusals and failures by kind, and MQTT inference's refusals ("mqtt:" kinds); the

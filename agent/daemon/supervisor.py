@@ -56,6 +56,7 @@ from edgefleet.agent.install import (
 from edgefleet.agent.install.installer import fetch_candidate
 from edgefleet.agent.quality import FieldAccuracy
 from edgefleet.agent.runtime import BenchmarkService, LoadedModel, RuntimeOptions
+from edgefleet.agent.schedule.gate import ComputeGate
 from edgefleet.agent.telemetry import Reporter, RequestStats, ResourceSampler, Spool
 from edgefleet.agent.transfer import LinkPacer
 from edgefleet.core.bundle.manifest import Manifest
@@ -130,16 +131,22 @@ class Agent:
             link=self.link, budget=self.budget, field=self.field, on_swap=self._swapped, generation_stats=self.stats,
         )  # fmt: skip
         self.refusals = RequestStats()  # MQTT requests refused before a slot is known
+        # The scheduler (agent/schedule/gate.py): every run, batch and generated token of every path is a step of its
+        # model's slot, ordered by the slot's class (its desired state's `slot_class`, assigned at each swap). Lanes:
+        # as many interactive and batch steps as the device ran at once before (inference places and generations);
+        # a real-time slot's step never waits behind them.
+        http = config.http or ServiceConfig()
+        self.compute = ComputeGate(lanes=http.concurrency + config.generation.concurrency)
         self.mqtt = MqttInference(
-            self.conn, self.topics, cid, self.slots.route, self.refusals, self._feedback,
+            self.conn, self.topics, cid, self.slots.route, self.refusals, self._feedback, compute=self.compute,
         )  # fmt: skip
         self.metrics = ServiceMetrics()  # the local API's, and the model failures of generations over MQTT
-        self.generation = GenerationParts.build(config.generation, self.stats, self.metrics)
+        self.generation = GenerationParts.build(config.generation, self.stats, self.metrics).with_compute(self.compute)
         self.mqtt_generation = MqttGeneration(self.conn, self.topics, cid, self._served, self.generation)
         self.heartbeat = Heartbeat(
             interval_s=config.telemetry_interval_s, reporter=self.reporter, serving=self.serving, slots=self.slots,
             desired=self.desired, refusals=self.refusals, generations=self.stats, resources=ResourceSampler(),
-            link=self.link, mqtt=self.mqtt, service=lambda: self.service,
+            link=self.link, mqtt=self.mqtt, service=lambda: self.service, compute=self.compute,
         )  # fmt: skip
 
     # --- lifecycle
@@ -200,7 +207,7 @@ class Agent:
         try:
             self.service = InferenceService(
                 (), config, metrics=self.metrics, generation=self.generation, on_model_answer=self._answered,
-                on_model_failure=self._failed,
+                on_model_failure=self._failed, compute=self.compute,
             )  # fmt: skip
             for name, model in sorted(self.serving.models().items()):
                 self.service.swap(model, slot=name)
@@ -286,6 +293,9 @@ class Agent:
         if parts is not None:
             parts.stats.reset_health()
             parts.quality.bind(model)
+        if model is not None:  # the gate keys steps by model name; the slot's desired state gives the class
+            desired = self.desired.effective(slot)
+            self.compute.assign(model.manifest.model_name, desired.slot_class if desired else "interactive")
         if model is not None and model.generative is not None:
             self.stats.reset_health()  # the generations' figures judge the new generative model afresh
         if self.service is not None:

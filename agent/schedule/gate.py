@@ -119,6 +119,13 @@ class ComputeGate:
         with self._cond:
             return Load(dict(self._load.running), dict(self._load.waiting))
 
+    def window(self, slot: str) -> TimingWindow | None:
+        """`slot`'s queue and compute time since its last window (a telemetry report's), starting a new one; None
+        when the slot never took a step."""
+        with self._cond:
+            timer = self._timers.get(slot)
+        return timer.window() if timer is not None else None
+
     def timing(self, window: bool = False) -> dict[str, TimingWindow]:
         """Each slot's queue and compute time, steps and yields (since the last window when `window`)."""
         with self._cond:

@@ -17,7 +17,7 @@ from typing import Literal, TypeVar
 from edgefleet.control.credentials.keyring import KEYSET_NAME, HostKeys
 from edgefleet.control.publish.publisher import deploy, publish_bundle
 from edgefleet.core.bundle.archive import describe_files, pack_bundle, unpack_bundle
-from edgefleet.core.messages import DeviceStatus, Event, Telemetry, decode
+from edgefleet.core.messages import DeviceStatus, Event, SlotClass, Telemetry, decode
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys, generate_keypair
@@ -194,9 +194,14 @@ def deploy_to(
     block_size: int = 16 * 1024,
     layout: Literal["chunks", "blocks"] = "chunks",
     slot: str = "default",
+    slot_class: SlotClass | None = None,
 ) -> str:
     manifest, _ = publish_bundle(conn, topics, bundle, block_size=block_size, layout=layout)
-    if slot == "default":
+    if slot_class is not None:
+        deploy_slot(
+            conn, topics, manifest, slot=slot, devices=devices, groups=groups, rollback=rollback, slot_class=slot_class
+        )
+    elif slot == "default":
         deploy(conn, topics, manifest, devices=list(devices), groups=list(groups), rollback=rollback)
     else:
         deploy_slot(conn, topics, manifest, slot=slot, devices=devices, groups=groups, rollback=rollback)

@@ -111,11 +111,14 @@ def test_two_slots_serve_side_by_side_and_a_failing_install_in_one_never_disturb
     agent = start_agent(device, extra=("--http-port", str(port), "--probe-rate", "0"))
     digits = demo_bundles["intel-x86-vnni"]
     reader = derive_bundle(digits, tmp_path, signing_key, trusted, model_name="digits-reader")
-    a = deploy_to(host, topics, digits, devices=(device,), slot="detector")
+    a = deploy_to(host, topics, digits, devices=(device,), slot="detector", slot_class="real-time")
     b = deploy_to(host, topics, reader, devices=(device,), slot="reader")
     watcher.serving(device, a, slot="detector", timeout=90)
     status = watcher.serving(device, b, slot="reader", timeout=90)
     assert [s.slot for s in status.slots] == ["detector", "reader"] and status.state == "serving"
+    assert (
+        slot_of(status, "detector").slot_class == "real-time" and slot_of(status, "reader").slot_class == "interactive"
+    )
     second = slot_of(status, "reader")
     assert status.memory_free_mb is not None and second.memory_mb is not None and second.memory_mb >= 0
     assert second.placement is not None and second.placement.threads == 1  # the agent's --threads 1
@@ -148,6 +151,14 @@ def test_two_slots_serve_side_by_side_and_a_failing_install_in_one_never_disturb
             time.sleep(0.05)
     assert refused.slot == "reader" and "golden" in refused.detail, refused.detail
     assert hammer.errors == [] and hammer.answers >= answers_during + 20  # slot detector never missed a request
+    # The scheduler ran every request as a step of the detector's slot and accounts queue and compute time for it.
+    timed = watcher.wait_for(
+        "the detector's scheduling figures",
+        lambda: next((t for t in watcher.telemetry if t.device_id == device and t.slot == "detector" and t.scheduling
+                      and t.scheduling.compute_ms and t.scheduling.compute_ms.count > 0), None),
+    )  # fmt: skip
+    assert timed.scheduling is not None and timed.scheduling.queue_ms is not None
+    assert timed.scheduling.compute_ms is not None and timed.scheduling.compute_ms.count <= timed.requests + 64
     status = watcher.serving(device, b, slot="reader")  # the refused install left the slot on what it ran
     assert slot_of(status, "detector").active_bundle == a and slot_of(status, "reader").last_error
     assert agent.alive

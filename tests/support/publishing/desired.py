@@ -6,7 +6,7 @@ from __future__ import annotations
 from edgefleet.control.credentials.keyring import HostKeys
 from edgefleet.control.desired.signing import DEFAULT_TTL_S, publish_desired
 from edgefleet.core.bundle.manifest import Manifest
-from edgefleet.core.messages import Desired
+from edgefleet.core.messages import Desired, SlotClass
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import DEFAULT_SLOT, Topics
 
@@ -25,6 +25,8 @@ def deploy_slot(
     remove: bool = False,
     keys: HostKeys | None = None,
     ttl_s: float = DEFAULT_TTL_S,
+    slot_class: SlotClass = "interactive",
+    latency_objective_ms: float | None = None,
 ) -> Desired:
     """Sign and publish (retained) slot `slot`'s desired state: run `manifest`'s bundle, or (`remove`) stop
     serving the slot, for each device and group."""
@@ -36,6 +38,7 @@ def deploy_slot(
         desired = Desired(
             slot=slot, bundle_id=manifest.bundle_id, model_name=manifest.model_name,
             model_version=manifest.model_version, profile=manifest.profile, rollback=rollback,
+            slot_class=slot_class, latency_objective_ms=latency_objective_ms,
         )  # fmt: skip
     for device in devices:
         publish_desired(conn, topics, keys, desired, device=device, ttl_s=ttl_s, wait=ACK_TIMEOUT_S)
