@@ -62,6 +62,9 @@ def _fleet_status(broker: str) -> dict[str, dict[str, object]]:
     return {d["device_id"]: d for d in json.loads(done.stdout)["devices"]}
 
 
+# serial: the token-latency guardrail compares each device's TPOT before and after, on the same 2 cores; beside other
+# tests (a 3-worker run) the canary's p95 was 5x its baseline's and the unchanged v2 failed on latency.
+@pytest.mark.serial
 def test_a_language_model_rolls_out_in_waves_streams_from_each_device_and_a_slower_build_is_rolled_back(
     tinylm_bundles: TinylmBundles, start_agent: Callable[..., AgentProcess], mosquitto: MosquittoBroker,
     host: Connection, topics: Topics, watcher: FleetWatcher, tmp_path: Path, signing_key: SigningKey,

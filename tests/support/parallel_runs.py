@@ -4,8 +4,9 @@ scripts/test runs the suite in two passes: every test not marked `serial` on sev
 --skip-serial`: most integration and end-to-end tests wait on real agents, brokers and rollouts, not on the CPU),
 then the tests marked `serial` alone (`--only-serial`). A test is `serial` when the figure it asserts is a promise
 about a quiet machine (an idle agent's CPU share, a byte rate held within 10 %, a wall-time budget against a load the
-test makes itself) and another test beside it would change the figure, not the behaviour. A benchmark run as a test
-that asserts no figure (bench/fleet.py) is CPU-bound, not serial.
+test makes itself, a language model's token latency judged before and after on the same cores) and another test
+beside it would change the figure, not the behaviour. A benchmark run as a test that asserts no figure
+(bench/fleet.py) is CPU-bound, not serial.
 
 In the parallel pass the scheduler groups the tests by their path (`xdist_group` below), so that:
 - the CPU-bound tests (conversions, the recipe search, the runtimes' own builders) run one after another on one
