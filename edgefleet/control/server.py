@@ -305,8 +305,6 @@ class ControlPlane:
                     last_sync = 0.0
                 current = fence
                 if fence is not None and self.conn.connected:
-                    if not self._legacy_moved and time.monotonic() >= self._legacy_retry_at:  # once, by the leader
-                        self._move_legacy_desired()
                     if time.monotonic() - last_sync >= self.config.sync_every_s:
                         last_sync = time.monotonic()
                         try:
@@ -318,6 +316,8 @@ class ControlPlane:
                             desired.failed(time.time(), f"desired-state sync: {err}")
                             log.exception("desired-state sync failed")
                     self.engine.tick()
+                    if not self._legacy_moved and time.monotonic() >= self._legacy_retry_at:  # once, by the leader
+                        self._move_legacy_desired()  # after the tick: the first sync and step are not held up
                     managed = self.publisher.rights.managed  # on an open broker a sweep is pointless
                     if managed and 0 < self.config.retained_sweep_s <= time.monotonic() - last_sweep:
                         janitor.sweep()
