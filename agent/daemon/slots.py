@@ -119,7 +119,7 @@ class Slots:
         serving = self.device.add(name, self._on_swap)
         serving.threads, serving.placement_why = threads, why
         stats = RequestStats()
-        quality = Quality(settings.quality, stats, lambda: serving.model, self.field)
+        quality = Quality(settings.quality, stats, lambda: serving.model, self.field, self.generation_stats)
         context = dataclasses.replace(
             self.context,
             store=self.context.store.for_slot(name),

@@ -98,11 +98,14 @@ class Quality:
         stats: RequestStats,
         model: Callable[[], LoadedModel | None],
         field: FieldAccuracy | None = None,
+        generation_stats: RequestStats | None = None,
     ) -> None:
         """One slot's quality: `model()` is what the slot serves, `stats` its request statistics. `field`: the
         field-accuracy record the device's slots share (keyed by model name); each slot observes its own model's
-        requests in it."""
+        requests in it. `generation_stats`: where a generative model's figures are kept (the generations' own, which
+        its telemetry and health read); its probes go there too."""
         self.config, self._stats, self._model = config, stats, model
+        self._generation_stats = generation_stats if generation_stats is not stats else None
         self.field = field or FieldAccuracy()
         self.field.observe(self._observed)
         others = self.field.class_output
@@ -112,7 +115,8 @@ class Quality:
         self.shadow: ShadowRunner | None = None
         self._shadow_model: LoadedModel | None = None
         self._refused_shadows: set[str] = set()
-        self.prober = Prober(model, stats, ProbeConfig(config.probe_rate, config.probe_min_live, config.probe_idle_s))
+        probing = ProbeConfig(config.probe_rate, config.probe_min_live, config.probe_idle_s)
+        self.prober = Prober(model, stats, probing, generation_stats=generation_stats)
 
     def start(self) -> None:
         self.prober.start()
@@ -218,6 +222,12 @@ class Quality:
             model.close()
 
     # --- telemetry
+    def _generation_probes(self, model: LoadedModel | None) -> int:
+        """A generative model's probes are counted with the generations (`generation_stats`), taken by its slot."""
+        if model is None or model.generative is None or self._generation_stats is None:
+            return 0
+        return self._generation_stats.take_probes()
+
     def telemetry_fields(self, model: LoadedModel | None) -> dict[str, object]:
         golden = model.last_golden if model is not None else None
         field = self.field.score(bundle_id=model.bundle_id) if model is not None else self.field.score()
@@ -226,7 +236,7 @@ class Quality:
             "golden_task": golden.task if golden is not None else None,
             "drift": self.drift.scores() if self.drift is not None else [],
             "shadow": self.shadow.report() if self.shadow is not None else None,
-            "probe_requests": self._stats.take_probes(),
+            "probe_requests": self._stats.take_probes() + self._generation_probes(model),
             "field_accuracy": field.accuracy,
             "field_samples": field.samples,
         }

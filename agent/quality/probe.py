@@ -58,8 +58,17 @@ class ProbeStats(Protocol):
 
 
 class Prober:
-    def __init__(self, model: Callable[[], Probed | None], stats: ProbeStats, config: ProbeConfig) -> None:
+    def __init__(
+        self,
+        model: Callable[[], Probed | None],
+        stats: ProbeStats,
+        config: ProbeConfig,
+        generation_stats: ProbeStats | None = None,
+    ) -> None:
+        """`stats`: the slot's request statistics; `generation_stats`: a generative model's (where its telemetry
+        and health read token latency and generations), `stats` when None."""
         self._model, self._stats, self.config = model, stats, config
+        self._generation_stats = generation_stats or stats
         self._stop = threading.Event()
         self._index = 0
         self._thread = threading.Thread(target=self._loop, name="probe", daemon=True)
@@ -103,17 +112,18 @@ class Prober:
     def _probe_generation(self, model: GenerativeModel) -> bool:
         if model.active:  # a client's generation runs: the device is not quiet
             return False
+        stats = self._generation_stats
         try:
             result = model.probe()
         except Retired:
             return False
         except Exception as err:  # the model failing on its own golden prompt is a health signal
             log.warning("probe generation failed: %s", err)
-            self._stats.record_failure()
+            stats.record_failure()
             return True
-        self._stats.generation.finished(
+        stats.generation.finished(
             result.prompt_tokens, len(result.tokens), result.ttft_ms, result.decode_ms, probe=True
         )
         if result.tpot_ms is not None:
-            self._stats.record_probe(result.tpot_ms)
+            stats.record_probe(result.tpot_ms)
         return True
