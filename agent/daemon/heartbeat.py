@@ -84,7 +84,7 @@ class Heartbeat:
         service = self.service()
         golden = model.last_golden if model else None
         cpu = self.resources.cpu_percent() if cpu is None else cpu
-        streaming = generative and model is not None and bool(model.generative.active)
+        streaming = generative and model is not None and bool(model.generative.active)  # type: ignore[union-attr]
         idle = requests == 0 and errors == 0 and not streaming  # no client request in the window
         quality = parts.quality.telemetry_fields(model) if parts is not None else {}
         return Telemetry(
