@@ -41,6 +41,7 @@ from support.rollouts.agents import less_accurate_bundle
 from support.runtime import golden
 from support.servers.brokers import free_port
 from support.servers.secure_broker import SecureBroker, make_pki
+from support.slots import slot_of
 
 DEVICE = "arm64-1"
 TOPICS = Topics()
@@ -185,7 +186,7 @@ def test_an_arm64_device_detects_its_profile_installs_serves_reports_and_rolls_b
 
         v1 = _deploy(host, arm_bundle)
         status = watcher.serving(DEVICE, v1, timeout=EMULATED_S)
-        assert status.provider_in_use == "CPUExecutionProvider" and status.verified
+        assert slot_of(status).provider_in_use == "CPUExecutionProvider" and slot_of(status).verified
         kinds = [e.kind for e in watcher.events if e.device_id == DEVICE and e.bundle_id == v1]
         assert {"verified", "installed", "committed"} <= set(kinds), kinds
 
@@ -216,7 +217,7 @@ def test_an_arm64_device_detects_its_profile_installs_serves_reports_and_rolls_b
         broken = _deploy(host, _outside_its_golden_set(arm_bundle, tmp_path / "broken", signing_key, trusted))
         refused = watcher.event(DEVICE, "refused", bundle_id=broken, timeout=EMULATED_S)
         assert "golden" in refused.detail, refused.detail
-        assert watcher.status[DEVICE].active_bundle == v1 and agent.alive
+        assert slot_of(watcher.status[DEVICE]).active_bundle == v1 and agent.alive
 
         # A committed build whose files rot on the device's disk fails its health check and is rolled back to v1.
         v3 = _deploy(host, derive_bundle(arm_bundle, tmp_path, signing_key, trusted, model_version="3"))

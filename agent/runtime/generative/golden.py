@@ -14,6 +14,7 @@ chosen by (agent/runtime/generative/selection.py).
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -41,6 +42,11 @@ class GoldenVerdict:
     result: GoldenResult
     tpot_ms: float | None  # median time per output token of the greedy runs on the golden prompts
     ttft_ms: float | None
+
+
+def _finite(figures: dict[str, float]) -> dict[str, float]:
+    """The figures a report can carry: an infinite perplexity is left out (its score, 0, and the reason say it)."""
+    return {name: value for name, value in figures.items() if math.isfinite(value)}
 
 
 def continuation_request(prompt: GoldenPrompt, context_length: int, stop_ids: frozenset[int]) -> GenerationRequest:
@@ -73,6 +79,8 @@ def _judge(
     reference = golden.text.reference_next
     next_agreement = agreement(predicted[: len(reference)], reference) if len(predicted) >= len(reference) else 0.0
     ppl = perplexity(total_nll, count)
+    if not math.isfinite(ppl):  # damaged weights can give NaN logits: a perplexity past every bar, never a crash
+        ppl = math.inf
     ratio = ppl / golden.text.reference_perplexity
     runs: list[GenerationResult] = []
     continuation = []
@@ -100,8 +108,8 @@ def _judge(
         OutputScore(output="next-token", rule="position-agreement", score=next_agreement, passed=checks[0][1],
                     detail={"floor": golden.min_next_token_agreement, "positions": float(len(reference))}),
         OutputScore(output="perplexity", rule="continuous", score=min(1.0, 1.0 / ratio), passed=checks[1][1],
-                    detail={"perplexity": ppl, "reference_perplexity": golden.text.reference_perplexity,
-                            "ratio": ratio, "max_ratio": golden.max_perplexity_ratio}),
+                    detail=_finite({"perplexity": ppl, "reference_perplexity": golden.text.reference_perplexity,
+                                    "ratio": ratio, "max_ratio": golden.max_perplexity_ratio})),
         OutputScore(output="continuation", rule="position-agreement", score=cont, passed=checks[2][1],
                     detail={"floor": golden.min_continuation_agreement, "prompts": float(len(golden.prompts))}),
     )  # fmt: skip

@@ -18,6 +18,7 @@ from edgefleet.core.trust.signing import SigningKey
 from support.fleet import deploy_to, silero_model
 from support.host_cpu import as_this_host
 from support.paths import DIGITS, TESTBED
+from support.slots import slot_of
 
 
 def silero() -> Path:
@@ -78,7 +79,7 @@ def test_silero_pinned_reaches_openvino_gates_int8_by_sqnr_and_serves_on_an_agen
     start_agent("dev-silero")
     bundle_id = deploy_to(host, topics, Path(result.bundle), devices=("dev-silero",))
     status = watcher.serving("dev-silero", bundle_id, timeout=60)
-    assert status.provider_in_use in manifest.providers
+    assert slot_of(status).provider_in_use in manifest.providers
     report = json.loads((tmp_path / "out" / "silero-1.report.json").read_text())
     assert report["metric"] == "sqnr-db" and (tmp_path / "out" / "silero-1.report.html").exists()
     assert (tmp_path / "out" / "silero-1-intel-x86-vnni.png").read_bytes()[:4] == b"\x89PNG"

@@ -28,6 +28,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 from support.fleet import AgentProcess, FleetWatcher, deploy_to
 from support.paths import DIGITS
+from support.slots import slot_of
 
 pytestmark = pytest.mark.slow  # a CoreML conversion through torch for the module: ~25 s on 2 cores
 
@@ -183,7 +184,7 @@ def test_an_agent_off_macos_refuses_a_coreml_bundle_before_download(
     event = watcher.event("dev-mac", "refused", bundle_id=bundle_id)
     assert "CoreML runs only on macOS" in event.detail
     assert not any(e.kind == "download-started" for e in watcher.events if e.device_id == "dev-mac")
-    error = watcher.wait_for("the reason in the status", lambda: (s := watcher.status.get("dev-mac")) and s.last_error)
+    error = watcher.wait_for("the reason in the status", lambda: slot_of(watcher.status.get("dev-mac")).last_error)
     assert "CoreML runs only on macOS" in error and agent.alive
 
 

@@ -32,6 +32,7 @@ from edgefleet.core.trust.signing import SigningKey
 
 from support.fleet import AgentProcess, FleetWatcher, deploy_to
 from support.paths import DIGITS
+from support.slots import slot_of
 
 EXAMPLE = DIGITS.parent / "custom_op"
 PACKAGE = EXAMPLE / "swish_op.py"
@@ -218,7 +219,7 @@ def test_the_custom_op_example_runs_end_to_end_on_an_agent(
     monkeypatch.setenv(agent_ops.ENV_VAR, str(PACKAGE))  # for the host-side reference below
     bundle_id = deploy_to(host, topics, swish_bundles["host"], devices=("dev-swish", "dev-plain"))
     status = watcher.serving("dev-swish", bundle_id, timeout=60)
-    assert status.provider_in_use == "CPUExecutionProvider"
+    assert slot_of(status).provider_in_use == "CPUExecutionProvider"
     (loaded,) = status.native_code  # the device's own opt-in (a custom-op package): reported with what it loaded
     assert loaded.bundle_id == bundle_id and "onnxruntime-extensions" in loaded.origin and len(loaded.sha256) == 64
 

@@ -38,6 +38,7 @@ from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
 from support.fleet import AgentProcess, FleetWatcher, deploy_to
 from support.paths import DIGITS
+from support.slots import slot_of
 
 TRT, CUDA = "TensorrtExecutionProvider", "CUDAExecutionProvider"
 ORIN = engines.Hardware(tensorrt="10.3.0", gpu_arch="sm_87")
@@ -283,8 +284,8 @@ def test_a_jetson_agent_without_cuda_refuses_before_downloading_and_says_why(
     assert "TensorRT bundle needs an NVIDIA GPU" in event.detail and "CUDAExecutionProvider" in event.detail
     assert not any(e.kind == "download-started" for e in watcher.events if e.device_id == "dev-orin")
     status = watcher.wait_for("the refusal in the status", lambda: _with_error(watcher.status.get("dev-orin")))
-    assert "TensorRT bundle needs an NVIDIA GPU" in (status.last_error or "") and agent.alive
+    assert "TensorRT bundle needs an NVIDIA GPU" in (slot_of(status).last_error or "") and agent.alive
 
 
 def _with_error(status: Any) -> Any:
-    return status if status is not None and status.last_error else None
+    return status if status is not None and slot_of(status).last_error else None

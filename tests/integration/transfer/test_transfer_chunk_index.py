@@ -91,7 +91,7 @@ def test_a_bundle_whose_chunk_list_outgrows_an_offer_is_offered_on_index_pages_a
         host.publish(topics.chunk(ref.sha256), b"", qos=1, retain=True, wait=5)
     agent = start_agent("dev-paged")
     deploy(host, topics, manifest, devices=["dev-paged"], groups=[])
-    record = agent.state_dir / "downloads" / f"{offer.bundle_id}.part.blocks"
+    record = agent.state_dir / "slots" / "default" / "downloads" / f"{offer.bundle_id}.part.blocks"
     total = len(chunks)
     watcher.wait_for("all but the withheld two", lambda: record.exists() and sum(record.read_bytes()) == total - 2, 90)
     agent.kill9()
@@ -164,7 +164,7 @@ def test_a_tampered_index_page_is_refused_before_a_byte_of_it_is_trusted(
     agent = start_agent("dev-tamper")
     deploy(host, topics, manifest, devices=["dev-tamper"], groups=[])
     error = watcher.event("dev-tamper", "error", bundle_id=offer.bundle_id, timeout=60)
-    downloads = agent.state_dir / "downloads"
+    downloads = agent.state_dir / "slots" / "default" / "downloads"
     allocated = list(downloads.glob(f"{offer.bundle_id}.part*")) if downloads.exists() else []
     installed = (agent.state_dir / "bundles" / offer.bundle_id).exists()
     assert not attack_ledger.record(
@@ -200,7 +200,7 @@ def test_an_index_claiming_absurd_counts_is_refused_before_anything_is_fetched(
         refused = watcher.event("dev-absurd", "refused", bundle_id=real.bundle_id, timeout=60)
     finally:
         host.publish(topics.bundle_offer(real.bundle_id), real.encode(), qos=1, retain=True, wait=5)
-    downloads = agent.state_dir / "downloads"
+    downloads = agent.state_dir / "slots" / "default" / "downloads"
     allocated = list(downloads.glob("*.part*")) if downloads.exists() else []
     assert not attack_ledger.record(
         "a signed index declaring 10**12 chunks",

@@ -102,7 +102,7 @@ def test_a_kill_9_in_the_middle_of_a_delta_resumes_fetching_only_what_it_lacked(
     for ref in withheld:
         host.publish(topics.chunk(ref.sha256), b"", qos=1, retain=True, wait=5)
     deploy(host, topics, manifest, devices=["dev-kill-delta"], groups=[])
-    record = agent.state_dir / "downloads" / f"{offer.bundle_id}.part.blocks"
+    record = agent.state_dir / "slots" / "default" / "downloads" / f"{offer.bundle_id}.part.blocks"
     total = len(offer.transfer.chunks)
     watcher.wait_for(
         "every chunk but the withheld two", lambda: record.exists() and sum(record.read_bytes()) == total - 2, 60
