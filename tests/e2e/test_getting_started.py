@@ -33,6 +33,9 @@ def test_the_page_marks_its_steps_for_this_test() -> None:
     assert "--allow-unjudged" not in PAGE.read_text(), "the first rollout passes on defaults, judged"
 
 
+# serial: the page's rollouts are judged on latency, each device against its own baseline window; beside other
+# workers the baseline and the observation saw different loads, and wave 1 failed "within the noise" (3-worker run).
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(3000)
 def test_getting_started_runs_as_written(getting_started_fleet: GettingStartedFleet) -> None:

@@ -27,6 +27,9 @@ def test_the_page_runs_its_steps_against_the_agents_getting_started_starts() -> 
     assert ports and set(ports) <= set(started), f"the page calls ports {ports}; getting-started's agents: {started}"
 
 
+# serial: the page's rollouts are judged on latency, each device against its own baseline window; beside other
+# workers the baseline and the observation saw different loads, and wave 1 failed "within the noise" (3-worker run).
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_language_models_runs_as_written_on_the_getting_started_fleet(
