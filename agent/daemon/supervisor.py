@@ -255,7 +255,16 @@ class Agent:
             self.reporter.event("refused", f"message on {topic}: {err}", slot=slot)
             return
         self.link.apply_desired(self.desired.effective(slot))
+        parts = self.slots.get(slot)
+        if parts is not None and parts.serving.model is not None:  # a new class needs no new bundle
+            self._classify(slot, parts.serving.model)
         self.slots.reconcile()  # this slot's document; a removal may also let a refused slot fit
+
+    def _classify(self, slot: str, model: LoadedModel) -> None:
+        """The scheduler's class for the slot's model (the gate keys steps by model name), as the slot's desired
+        state says now."""
+        desired = self.desired.effective(slot)
+        self.compute.assign(model.manifest.model_name, desired.slot_class if desired else "interactive")
 
     def _feedback(self, payload: bytes) -> bool:
         """MQTT feedback: the field-accuracy record every slot shares."""
@@ -293,9 +302,8 @@ class Agent:
         if parts is not None:
             parts.stats.reset_health()
             parts.quality.bind(model)
-        if model is not None:  # the gate keys steps by model name; the slot's desired state gives the class
-            desired = self.desired.effective(slot)
-            self.compute.assign(model.manifest.model_name, desired.slot_class if desired else "interactive")
+        if model is not None:
+            self._classify(slot, model)
         if model is not None and model.generative is not None:
             self.stats.reset_health()  # the generations' figures judge the new generative model afresh
         if self.service is not None:

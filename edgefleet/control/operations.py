@@ -12,7 +12,7 @@ import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast, get_args
 
 from edgefleet.control.fleet.registry import parse_labels
 from edgefleet.control.rollout.commands import rollout_targets
@@ -27,11 +27,15 @@ from edgefleet.control.store import (
     Deployment,
     DeviceRecord,
     Scope,
+    SlotPolicy,
     Store,
 )
 from edgefleet.core.errors import UnknownNameError, UserInputError
+from edgefleet.core.messages import MAX_MS, SlotClass
 from edgefleet.core.quality.golden_hold import default_max_golden_drop
 from edgefleet.core.topics import DEFAULT_SLOT, check_segment, check_slot
+
+SLOT_CLASSES: tuple[str, ...] = get_args(SlotClass)
 
 COMMANDS = ("pause", "resume", "abort")
 
@@ -268,6 +272,39 @@ def remove_slot(store: Store, who: Operator, scope: Scope, target: str | None, s
         )  # fmt: skip
         store.put_deployment(deployment)
         return deployment
+
+
+def set_slot_policy(
+    store: Store, who: Operator, scope: Scope, target: str | None, slot: str, slot_class: str,
+    latency_objective_ms: float | None = None,
+) -> SlotPolicy:  # fmt: skip
+    """Set how the devices of the fleet, a group or one device schedule a slot: its class and, for a real-time
+    slot, its p95 latency objective (the neighbour guardrail's bar). Published with the slot's desired state; the
+    bundle is unchanged, and rollouts of the slot keep it."""
+    if slot_class not in SLOT_CLASSES:
+        raise UserInputError(f"unknown slot class {slot_class!r}; classes: {', '.join(SLOT_CLASSES)}")
+    if latency_objective_ms is not None:
+        if slot_class != "real-time":
+            raise UserInputError(f"a latency objective is a real-time slot's; slot {slot} would be {slot_class}")
+        if not (0 < latency_objective_ms < MAX_MS):  # also refuses NaN
+            raise UserInputError(f"a latency objective is a number of ms above 0 and below {MAX_MS:g}")
+    with audited(store, who, "desired.schedule", f"{scope}:{target or FLEET_TARGET}", slot=slot,
+                 slot_class=slot_class, latency_objective_ms=latency_objective_ms):  # fmt: skip
+        policy = SlotPolicy(
+            scope=scope, target=_target(scope, target), slot=_slot(slot), slot_class=cast(SlotClass, slot_class),
+            latency_objective_ms=latency_objective_ms, updated_at=time.time(),
+        )  # fmt: skip
+        store.put_slot_policy(policy)
+        return policy
+
+
+def clear_slot_policy(store: Store, who: Operator, scope: Scope, target: str | None, slot: str) -> int:
+    """Withdraw a target's policy of a slot: the next less specific one applies (or an interactive slot)."""
+    with audited(store, who, "desired.unschedule", f"{scope}:{target or FLEET_TARGET}", slot=slot):
+        removed = store.delete_slot_policy(scope, _target(scope, target), _slot(slot))
+        if not removed:
+            raise UserInputError(f"no policy of slot {slot} for {scope} {target or ''}")
+        return removed
 
 
 def clear_desired(

@@ -1,4 +1,4 @@
-"""`edgefleet desired list|set|clear|remove`: desired state in the store, per slot (a fleet-wide base, group
+"""`edgefleet desired list|set|clear|remove|schedule`: desired state in the store, per slot (a fleet-wide base, group
 deployments, device overrides of each model a device runs); the control plane publishes it, signed, one retained
 document per slot."""
 
@@ -59,6 +59,26 @@ def _register_desired(sub: argparse._SubParsersAction) -> None:
     add_store(remove)
     add_json(remove)
     remove.set_defaults(func=cmd_desired_remove)
+    schedule = verbs.add_parser(
+        "schedule",
+        help="how devices schedule a slot: its class (real-time with a p95 objective, interactive, batch); "
+        "published with the slot's desired state, kept across its rollouts",
+    )
+    scope = schedule.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--fleet", action="store_true")
+    scope.add_argument("--group")
+    scope.add_argument("--device")
+    schedule.add_argument("--slot", required=True, help="the slot (model)")
+    what = schedule.add_mutually_exclusive_group(required=True)
+    what.add_argument("--class", dest="slot_class", choices=("real-time", "interactive", "batch"),
+                      help="real-time: starts at once, others yield to it; interactive: yields between steps "
+                      "(tokens) while real-time work waits; batch: runs in what is left")  # fmt: skip
+    what.add_argument("--clear", action="store_true", help="withdraw this target's policy of the slot")
+    schedule.add_argument("--objective-ms", type=float,
+                          help="a real-time slot's p95 latency objective (the neighbour guardrail's bar)")  # fmt: skip
+    add_store(schedule)
+    add_json(schedule)
+    schedule.set_defaults(func=cmd_desired_schedule)
 
 
 def cmd_desired_list(args: argparse.Namespace) -> None:
@@ -66,10 +86,11 @@ def cmd_desired_list(args: argparse.Namespace) -> None:
     try:
         order = {"device": 0, "group": 1, "fleet": 2}
         rows = sorted(store.deployments(), key=lambda d: (order[d.scope], d.target, d.slot, d.profile))
+        policies = sorted(store.slot_policies(), key=lambda p: (order[p.scope], p.target, p.slot))
     finally:
         store.close()
     if args.json:
-        print_json({"deployments": rows})
+        print_json({"deployments": rows, "slot_policies": policies})
         return
     print_table(
         "desired state (device overrides, then groups, then the fleet base)",
@@ -78,6 +99,13 @@ def cmd_desired_list(args: argparse.Namespace) -> None:
           "yes" if d.rollback else "", d.source)
          for d in rows],
     )  # fmt: skip
+    if policies:
+        print_table(
+            "how slots are scheduled (a slot with no policy is interactive)",
+            ["scope", "target", "slot", "class", "objective ms"],
+            [(p.scope, p.target, p.slot, p.slot_class, "-" if p.latency_objective_ms is None
+              else f"{p.latency_objective_ms:g}") for p in policies],
+        )  # fmt: skip
 
 
 def cmd_desired_set(args: argparse.Namespace) -> None:
@@ -127,3 +155,29 @@ def cmd_desired_remove(args: argparse.Namespace) -> None:
     else:
         print(f"slot {deployment.slot} removed for {scope} {deployment.target}; the control plane publishes the "
               "signed removal")  # fmt: skip
+
+
+def cmd_desired_schedule(args: argparse.Namespace) -> None:
+    from edgefleet.control import operations as ops
+
+    scope: Scope = "fleet" if args.fleet else "group" if args.group else "device"
+    target = args.group or args.device
+    store = open_from(args)
+    try:
+        if args.clear:
+            ops.clear_slot_policy(store, ops.Operator.shell(), scope, target, args.slot)
+            policy = None
+        else:
+            policy = ops.set_slot_policy(
+                store, ops.Operator.shell(), scope, target, args.slot, args.slot_class, args.objective_ms
+            )
+    finally:
+        store.close()
+    if args.json:
+        print_json({"slot_policy": policy})
+    elif policy is None:
+        print(f"slot {args.slot} of {scope} {target or 'fleet'}: policy withdrawn (the next less specific applies)")
+    else:
+        objective = f", p95 objective {policy.latency_objective_ms:g} ms" if policy.latency_objective_ms else ""
+        print(f"slot {policy.slot} of {scope} {policy.target}: {policy.slot_class}{objective}; the control plane "
+              "publishes it with the slot's desired state")  # fmt: skip

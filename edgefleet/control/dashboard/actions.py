@@ -117,6 +117,17 @@ def clear_desired(store: Store, who: ops.Operator, parts: list[str], body: Mappi
     return {"removed": ops.clear_desired(store, who, scope, target, profile, slot)}
 
 
+def schedule_slot(store: Store, who: ops.Operator, parts: list[str], body: Mapping[str, Any]) -> dict[str, Any]:
+    scope, target = _scope(body)
+    objective = body.get("latency_objective_ms")
+    if objective is not None and (isinstance(objective, bool) or not isinstance(objective, int | float)):
+        raise UserInputError("'latency_objective_ms' must be a number")
+    p = ops.set_slot_policy(store, who, scope, target, _str(body, "slot"), _str(body, "slot_class"),
+                            None if objective is None else float(objective))  # fmt: skip
+    return {"scope": p.scope, "target": p.target, "slot": p.slot, "slot_class": p.slot_class,
+            "latency_objective_ms": p.latency_objective_ms}  # fmt: skip
+
+
 def route(parts: list[str]) -> tuple[str, Action] | None:
     """(audit action name, handler) for a POST path under /api, or None."""
     if parts == ["api", "rollouts"]:
@@ -129,4 +140,6 @@ def route(parts: list[str]) -> tuple[str, Action] | None:
         return "desired.set", set_desired
     if parts == ["api", "desired", "clear"]:
         return "desired.clear", clear_desired
+    if parts == ["api", "desired", "schedule"]:
+        return "desired.schedule", schedule_slot
     return None

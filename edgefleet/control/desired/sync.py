@@ -31,13 +31,13 @@ import paho.mqtt.client as paho
 
 from edgefleet.control.credentials.keyring import HostKeys
 from edgefleet.control.desired.signing import DEFAULT_TTL_S, clear_desired, publish_desired, removal
-from edgefleet.control.fleet.registry import link_cap, memberships, resolve_desired
+from edgefleet.control.fleet.registry import link_cap, memberships, resolve_desired, resolve_slot_policy
 from edgefleet.control.health import LoopHealth
 from edgefleet.control.rights.documents import DesiredWatch, load_root
 from edgefleet.control.rights.sync import BrokerRights, NoBrokerRights, device_grants
-from edgefleet.control.store import Deployment, DeviceRecord, PublishedDesired, SlotKey, Store
+from edgefleet.control.store import Deployment, DeviceRecord, PublishedDesired, SlotKey, SlotPolicy, Store
 from edgefleet.core.errors import BrokerError
-from edgefleet.core.messages import Desired
+from edgefleet.core.messages import Desired, SlotClass
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import DEFAULT_SLOT, Topics
 
@@ -56,17 +56,29 @@ class SyncReport:
 def plan_desired(store: Store, devices: list[DeviceRecord] | None = None) -> dict[SlotKey, Deployment | None]:
     """(device id, slot) → the deployment that applies to that slot of the device now (None: none does), for
     every device and every slot some deployment names (the default slot always)."""
+    return plan_slots(store, devices)[0]
+
+
+def plan_slots(
+    store: Store, devices: list[DeviceRecord] | None = None
+) -> tuple[dict[SlotKey, Deployment | None], dict[SlotKey, SlotPolicy | None]]:
+    """`plan_desired`, and the policy (class, latency objective) that applies to each of those slots."""
     devices = store.devices() if devices is None else devices
     groups = store.groups()
-    deployments = store.deployments()
-    extra = {d.target for d in deployments if d.scope == "group"}
+    deployments, policies = store.deployments(), store.slot_policies()
+    extra = {d.target for d in deployments if d.scope == "group"} | {p.target for p in policies if p.scope == "group"}
     member = memberships(groups, devices, extra)
     slots = sorted({DEFAULT_SLOT, *(d.slot for d in deployments)})
-    return {
-        (d.device_id, slot): resolve_desired(d, deployments, groups, member[d.device_id], slot)
-        for d in devices
-        for slot in slots
-    }
+    keys = [(d, slot) for d in devices for slot in slots]
+    return (
+        {(d.device_id, slot): resolve_desired(d, deployments, groups, member[d.device_id], slot) for d, slot in keys},
+        {(d.device_id, slot): resolve_slot_policy(d, policies, groups, member[d.device_id], slot) for d, slot in keys},
+    )
+
+
+def scheduling(policy: SlotPolicy | None) -> tuple[SlotClass, float | None]:
+    """(class, latency objective) a slot's document carries: its policy's, or an interactive slot's."""
+    return ("interactive", None) if policy is None else (policy.slot_class, policy.latency_objective_ms)
 
 
 def device_plan(plan: Mapping[SlotKey, Deployment | None], device_id: str) -> dict[str, Deployment]:
@@ -74,9 +86,13 @@ def device_plan(plan: Mapping[SlotKey, Deployment | None], device_id: str) -> di
     return {slot: want for (device, slot), want in plan.items() if device == device_id and want is not None}
 
 
-def _what(d: Deployment | PublishedDesired) -> tuple[str, bool, str | None, bool]:
+def _what(d: Deployment | PublishedDesired, policy: tuple[SlotClass, float | None]) -> tuple[object, ...]:
     """What a device is told: a change to any of it is published again."""
-    return d.bundle_id, d.rollback, d.shadow_bundle_id, d.remove
+    return d.bundle_id, d.rollback, d.shadow_bundle_id, d.remove, *policy
+
+
+def _told(p: PublishedDesired) -> tuple[object, ...]:
+    return _what(p, (p.slot_class, p.latency_objective_ms))
 
 
 class DesiredPublisher:
@@ -107,7 +123,7 @@ class DesiredPublisher:
     def sync(self) -> SyncReport:
         """Publish what changed since the last sync; returns the devices published to and cleared."""
         devices = self.store.devices()
-        plan = plan_desired(self.store, devices)
+        plan, policies = plan_slots(self.store, devices)
         caps = {d.device_id: link_cap(d) for d in devices}
         if self.rights.managed:  # first: no device hears of a bundle it may not read (broker_rights.py)
             self.watch = self.watch or DesiredWatch(self.conn, self.topics, load_root(self.keys.root_public()))
@@ -134,9 +150,10 @@ class DesiredPublisher:
             fresh = time.time() - self._signed_at.get(key, 0.0) < self.ttl_s / 2
             cap = caps.get(device_id)
             same_cap = key in self._cap_sent and self._cap_sent[key] == cap
-            if have is not None and _what(have) == _what(want) and fresh and same_cap:
+            policy = scheduling(policies.get(key))
+            if have is not None and _told(have) == _what(want, policy) and fresh and same_cap:
                 continue
-            if flying is not None and _what(flying) == _what(want) and same_cap:
+            if flying is not None and _told(flying) == _what(want, policy) and same_cap:
                 continue  # on its way
             # The same decision on the served bundle keeps its issued_at: a refused bundle is not retried.
             same = have is not None and (have.bundle_id, have.rollback, have.remove) == (
@@ -154,6 +171,8 @@ class DesiredPublisher:
                     rollback=want.rollback,
                     shadow_bundle_id=want.shadow_bundle_id,
                     max_bytes_per_s=cap,
+                    slot_class=policy[0],
+                    latency_objective_ms=policy[1],
                 )
             )
             if same and have is not None:
@@ -161,8 +180,9 @@ class DesiredPublisher:
             info = publish_desired(self.conn, self.topics, self.keys, desired, device=device_id, ttl_s=self.ttl_s)
             self._signed_at[key], self._cap_sent[key] = time.time(), cap
             sent = PublishedDesired(
-                device_id, want.bundle_id, want.rollback, desired.issued_at, want.shadow_bundle_id, slot, want.remove
-            )
+                device_id, want.bundle_id, want.rollback, desired.issued_at, want.shadow_bundle_id, slot, want.remove,
+                *policy,
+            )  # fmt: skip
             self._in_flight[key] = (sent, info, time.monotonic())
         report = SyncReport([], [])
         deadline = time.monotonic() + ACK_TIMEOUT_S

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from edgefleet.control.store import ANY_PROFILE, FLEET_TARGET, Deployment, DeviceRecord, GroupDef
+from edgefleet.control.store import ANY_PROFILE, FLEET_TARGET, Deployment, DeviceRecord, GroupDef, SlotPolicy
 from edgefleet.core.errors import UserInputError
 from edgefleet.core.profiles import profile_lineage
 from edgefleet.core.topics import DEFAULT_SLOT, check_segment
@@ -305,6 +305,26 @@ def resolve_desired(
     return None
 
 
+def resolve_slot_policy(
+    device: DeviceRecord,
+    policies: Sequence[SlotPolicy],
+    groups: Mapping[str, GroupDef],
+    member_of: Iterable[str],
+    slot: str = DEFAULT_SLOT,
+) -> SlotPolicy | None:
+    """How one slot of `device` is scheduled: the device's own policy > its highest-priority group's > the
+    fleet's, in the order of `resolve_desired` (a policy has no profile). None: the slot's default class."""
+    mine = [p for p in policies if p.slot == slot]
+    for policy in mine:
+        if policy.scope == "device" and policy.target == device.device_id:
+            return policy
+    member = set(member_of)
+    candidates = [p for p in mine if p.scope == "group" and p.target in member]
+    if candidates:
+        return min(candidates, key=lambda p: (-(groups[p.target].priority if p.target in groups else 0), p.target))
+    return next((p for p in mine if p.scope == "fleet" and p.target == FLEET_TARGET), None)
+
+
 __all__ = [
     "BUILTIN_KEYS",
     "EmptyGroupError",
@@ -320,5 +340,6 @@ __all__ = [
     "registry_warnings",
     "require_members",
     "resolve_desired",
+    "resolve_slot_policy",
     "revoked",
 ]

@@ -45,6 +45,7 @@ from edgefleet.control.store.records import (
     Scope,
     SeriesPoint,
     SlotKey,
+    SlotPolicy,
     TelemetryPoint,
 )
 from edgefleet.control.store.reports import WRITE_MS_COUNTER, Reports, write_ms_quantile
@@ -85,6 +86,7 @@ __all__ = [
     "Scope",
     "SeriesPoint",
     "SlotKey",
+    "SlotPolicy",
     "Store",
     "StoreError",
     "TelemetryPoint",

@@ -10,7 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edgefleet.core.messages import DriftScore, GenerationStats, GoldenTask, OutputScore, ShadowReport, SlotStatus
+from edgefleet.core.messages import (
+    DriftScore,
+    GenerationStats,
+    GoldenTask,
+    OutputScore,
+    ShadowReport,
+    SlotClass,
+    SlotStatus,
+)
 from edgefleet.core.topics import DEFAULT_SLOT
 
 Scope = Literal["fleet", "group", "device"]
@@ -182,10 +190,27 @@ class PublishedDesired:
     shadow_bundle_id: str | None = None
     slot: str = DEFAULT_SLOT
     remove: bool = False
+    slot_class: SlotClass = "interactive"
+    latency_objective_ms: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
         return self.device_id, self.slot
+
+
+@dataclass(frozen=True)
+class SlotPolicy:
+    """How the devices of a scope (the whole fleet, a group, a device) schedule one slot: its class (real-time,
+    interactive, batch) and, for a real-time slot, its p95 latency objective (the neighbour guardrail's bar).
+    Resolved like deployments (device > highest-priority group > fleet) but kept apart from them: a rollout of a
+    new bundle keeps the slot's policy, and a new policy publishes no new bundle."""
+
+    scope: Scope
+    target: str
+    slot: str
+    slot_class: SlotClass
+    latency_objective_ms: float | None = None
+    updated_at: float = 0.0
 
 
 @dataclass(frozen=True)

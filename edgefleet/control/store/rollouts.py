@@ -14,7 +14,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from edgefleet.control.store.errors import FencedOut
-from edgefleet.control.store.records import Deployment, Fence, PublishedDesired, RolloutRow, Scope, SlotKey
+from edgefleet.control.store.records import (
+    Deployment,
+    Fence,
+    PublishedDesired,
+    RolloutRow,
+    Scope,
+    SlotKey,
+    SlotPolicy,
+)
 from edgefleet.control.store.sql.database import Database, Db, unit_of_work
 from edgefleet.core.errors import UnknownNameError
 
@@ -29,6 +37,14 @@ class Rollouts(Protocol):
         ...
 
     def deployments(self) -> list[Deployment]: ...
+
+    def put_slot_policy(self, policy: SlotPolicy) -> None:
+        """Set how a scope's devices schedule one slot (replacing that scope's earlier policy of the slot)."""
+        ...
+
+    def delete_slot_policy(self, scope: Scope, target: str, slot: str) -> int: ...
+
+    def slot_policies(self) -> list[SlotPolicy]: ...
 
     def published(self) -> dict[SlotKey, PublishedDesired]:
         """What was last published per (device, slot)."""
@@ -139,12 +155,44 @@ class SqlRollouts:
         ]
 
     @unit_of_work()
+    def put_slot_policy(self, policy: SlotPolicy) -> None:
+        p = policy
+        with self.fenced_tx() as conn:
+            conn.execute(
+                "INSERT INTO slot_policies (scope, target, slot, slot_class, latency_objective_ms, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (scope, target, slot) DO UPDATE SET"
+                " slot_class = excluded.slot_class, latency_objective_ms = excluded.latency_objective_ms,"
+                " updated_at = excluded.updated_at",
+                (p.scope, p.target, p.slot, p.slot_class, p.latency_objective_ms, p.updated_at or time.time()),
+            )
+
+    @unit_of_work()
+    def delete_slot_policy(self, scope: Scope, target: str, slot: str) -> int:
+        with self.fenced_tx() as conn:
+            return conn.execute(
+                "DELETE FROM slot_policies WHERE scope = ? AND target = ? AND slot = ?", (scope, target, slot)
+            ).rowcount
+
+    @unit_of_work()
+    def slot_policies(self) -> list[SlotPolicy]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT scope, target, slot, slot_class, latency_objective_ms, updated_at FROM slot_policies"
+                " ORDER BY scope, target, slot"
+            ).fetchall()
+        return [SlotPolicy(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    @unit_of_work()
     def published(self) -> dict[SlotKey, PublishedDesired]:
         with self.db.read() as conn:
             rows = conn.execute(
-                "SELECT device_id, bundle_id, rollback, issued_at, shadow_bundle_id, slot, remove_slot FROM published"
+                "SELECT device_id, bundle_id, rollback, issued_at, shadow_bundle_id, slot, remove_slot, slot_class,"
+                " latency_objective_ms FROM published"
             ).fetchall()
-        return {(r[0], r[5]): PublishedDesired(r[0], r[1], bool(r[2]), r[3], r[4], r[5], bool(r[6])) for r in rows}
+        return {
+            (r[0], r[5]): PublishedDesired(r[0], r[1], bool(r[2]), r[3], r[4], r[5], bool(r[6]), r[7], r[8])
+            for r in rows
+        }
 
     @unit_of_work()
     def set_published_many(self, records: Sequence[tuple[SlotKey, PublishedDesired | None]]) -> None:
@@ -157,10 +205,13 @@ class SqlRollouts:
             conn.executemany("DELETE FROM published WHERE device_id = ? AND slot = ?", cleared)
             conn.executemany(
                 "INSERT INTO published (device_id, slot, bundle_id, rollback, issued_at, shadow_bundle_id,"
-                " remove_slot) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device_id, slot) DO UPDATE SET"
+                " remove_slot, slot_class, latency_objective_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (device_id, slot) DO UPDATE SET"
                 " bundle_id = excluded.bundle_id, rollback = excluded.rollback, issued_at = excluded.issued_at,"
-                " shadow_bundle_id = excluded.shadow_bundle_id, remove_slot = excluded.remove_slot",
-                [(d, slot, p.bundle_id, int(p.rollback), p.issued_at, p.shadow_bundle_id, int(p.remove))
+                " shadow_bundle_id = excluded.shadow_bundle_id, remove_slot = excluded.remove_slot,"
+                " slot_class = excluded.slot_class, latency_objective_ms = excluded.latency_objective_ms",
+                [(d, slot, p.bundle_id, int(p.rollback), p.issued_at, p.shadow_bundle_id, int(p.remove),
+                  p.slot_class, p.latency_objective_ms)
                  for (d, slot), p in sorted(latest.items())],
             )  # fmt: skip
 

@@ -37,6 +37,7 @@ from edgefleet.control.store.records import (
     Scope,
     SeriesPoint,
     SlotKey,
+    SlotPolicy,
     TelemetryPoint,
 )
 from edgefleet.control.store.reports import Reports, SqlReports
@@ -221,6 +222,15 @@ class Store:
 
     def deployments(self) -> list[Deployment]:
         return self.repos.rollouts.deployments()
+
+    def put_slot_policy(self, policy: SlotPolicy) -> None:
+        self.repos.rollouts.put_slot_policy(policy)
+
+    def delete_slot_policy(self, scope: Scope, target: str, slot: str) -> int:
+        return self.repos.rollouts.delete_slot_policy(scope, target, slot)
+
+    def slot_policies(self) -> list[SlotPolicy]:
+        return self.repos.rollouts.slot_policies()
 
     def published(self) -> dict[SlotKey, PublishedDesired]:
         return self.repos.rollouts.published()

@@ -138,3 +138,64 @@ def test_each_slot_has_its_own_signed_document_and_a_change_re_signs_that_slot_o
         finally:
             host.stop()
             store.close()
+
+
+def test_a_slots_class_and_objective_travel_in_its_signed_document_and_outlive_a_new_bundle(
+    host_keys: keyring.HostKeys, tmp_path: Path
+) -> None:
+    url = f"sqlite://{tmp_path}/control.sqlite"
+    store = open_store(url)
+    detector, reader = TOPICS.device_desired("d1", "detector"), TOPICS.device_desired("d1", "reader")
+    with MosquittoBroker() as broker:
+        host = Connection(broker.url, "policy-host").start()
+        try:
+            store.upsert_statuses(
+                [DeviceStatus(device_id="d1", online=True, state="idle", profile="generic-x86-64")], time.time()
+            )
+            enroll(store, ["d1"], ["line"])
+            put = store.put_deployment
+            put(Deployment("group", "line", "generic-x86-64", "det-1", "det", "1", slot="detector", updated_at=1.0))
+            put(Deployment("group", "line", "generic-x86-64", "rd-1", "rd", "1", slot="reader", updated_at=1.0))
+            publisher = DesiredPublisher(host, TOPICS, store, host_keys)
+            publisher.sync()
+            first = _retained(host, detector, reader)
+            assert unverified_desired(first[detector]).slot_class == "interactive", "no policy: interactive"
+
+            # The group's policy: published with the detector's document, re-signed with the same decision.
+            assert cli(["desired", "schedule", "--group", "line", "--slot", "detector", "--class", "real-time",
+                        "--objective-ms", "30", "--store", url]) == 0  # fmt: skip
+            assert publisher.sync().published == ["d1/detector"], "the reader's document is not signed again"
+            second = _retained(host, detector, reader)
+            assert second[reader] == first[reader]
+            old, new = unverified_desired(first[detector]), unverified_desired(second[detector])
+            assert (new.slot_class, new.latency_objective_ms) == ("real-time", 30.0)
+            assert (new.bundle_id, new.issued_at) == (old.bundle_id, old.issued_at), "the same decision on the bundle"
+            assert publisher.sync().published == [], "published once"
+
+            # A new bundle of the slot (as a rollout writes it) keeps the slot's policy.
+            put(Deployment("group", "line", "generic-x86-64", "det-2", "det", "2", slot="detector", updated_at=2.0))
+            publisher.sync()
+            third = unverified_desired(_retained(host, detector)[detector])
+            assert (third.bundle_id, third.slot_class, third.latency_objective_ms) == ("det-2", "real-time", 30.0)
+
+            # The device's own policy beats its group's; withdrawing it gives the group's back.
+            assert cli(["desired", "schedule", "--device", "d1", "--slot", "detector", "--class", "batch",
+                        "--store", url]) == 0  # fmt: skip
+            publisher.sync()
+            assert unverified_desired(_retained(host, detector)[detector]).slot_class == "batch"
+            assert cli(["desired", "schedule", "--device", "d1", "--slot", "detector", "--clear", "--store", url]) == 0
+            publisher.sync()
+            back = unverified_desired(_retained(host, detector)[detector])
+            assert (back.slot_class, back.latency_objective_ms) == ("real-time", 30.0)
+
+            # Refused with the reason, nothing stored: an objective on a batch slot, a bad number, a bad class.
+            for bad in (["--class", "batch", "--objective-ms", "5"], ["--class", "real-time", "--objective-ms", "nan"],
+                        ["--class", "real-time", "--objective-ms", "-1"]):  # fmt: skip
+                assert cli(["desired", "schedule", "--group", "line", "--slot", "detector", *bad, "--store", url]) != 0
+            assert [(p.target, p.slot_class, p.latency_objective_ms) for p in store.slot_policies()] == [
+                ("line", "real-time", 30.0)
+            ]
+            assert publisher.sync().published == []
+        finally:
+            host.stop()
+            store.close()

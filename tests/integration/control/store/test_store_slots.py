@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from edgefleet.control.store import Deployment, PublishedDesired, Store, open_store
+from edgefleet.control.store import Deployment, PublishedDesired, SlotPolicy, Store, open_store
 from edgefleet.control.store.sql.migrate import VERSION_TABLE, migrations
 from edgefleet.core.messages import DeviceStatus, Event, LatencySummary, SlotStatus, Telemetry
 
@@ -128,3 +128,19 @@ def test_each_slot_of_a_device_is_kept_with_its_own_deployments_publications_and
     store.add_events([Event(device_id="d1", kind="refused", seq=3, slot="assistant", detail="over the budget")], 1.0)
     assert [(e.kind, e.slot) for e in store.events(device_id="d1")] == [("refused", "assistant")]
     assert json.loads(json.dumps([s.model_dump(mode="json") for s in device.slots]))[0]["slot"] == "detector"
+
+
+def test_a_slots_policy_is_kept_per_target_and_what_was_published_remembers_it(store: Store) -> None:
+    store.put_slot_policy(SlotPolicy("group", "line", "detector", "real-time", 30.0, updated_at=1.0))
+    store.put_slot_policy(SlotPolicy("group", "line", "detector", "real-time", 25.0, updated_at=2.0))  # replaces
+    store.put_slot_policy(SlotPolicy("device", "d1", "assistant", "batch", updated_at=3.0))
+    assert store.slot_policies() == [
+        SlotPolicy("device", "d1", "assistant", "batch", None, 3.0),
+        SlotPolicy("group", "line", "detector", "real-time", 25.0, 2.0),
+    ]
+    assert store.delete_slot_policy("device", "d1", "assistant") == 1
+    assert store.delete_slot_policy("device", "d1", "assistant") == 0
+    sent = PublishedDesired("d1", "det-1", False, 1.0, slot="detector", slot_class="real-time",
+                            latency_objective_ms=25.0)  # fmt: skip
+    store.set_published(("d1", "detector"), sent)
+    assert store.published()[("d1", "detector")] == sent
