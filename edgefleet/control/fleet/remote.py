@@ -16,8 +16,11 @@ from edgefleet.core.topics import Topics
 
 
 class RemoteModel:
-    def __init__(self, conn: Connection, topics: Topics, device_id: str) -> None:
-        self.conn, self.topics, self.device_id = conn, topics, device_id
+    """One model of a device, called over MQTT: `slot` names the model on a device serving several (None: the
+    device's only one; a device serving several refuses a request that names none, with the slots it serves)."""
+
+    def __init__(self, conn: Connection, topics: Topics, device_id: str, slot: str | None = None) -> None:
+        self.conn, self.topics, self.device_id, self.slot = conn, topics, device_id, slot
         self.client_id = f"c{uuid.uuid4().hex[:12]}"
         self._pending: dict[str, queue.Queue[InferResponse]] = {}
         self._lock = threading.Lock()
@@ -49,7 +52,10 @@ class RemoteModel:
             with self._lock:
                 self._pending[request_id] = box
             request = InferRequest(
-                request_id=request_id, client_id=self.client_id, inputs={k: WireTensor.of(v) for k, v in feeds.items()}
+                request_id=request_id,
+                client_id=self.client_id,
+                slot=self.slot,
+                inputs={k: WireTensor.of(v) for k, v in feeds.items()},
             )
             self.conn.publish(self.topics.infer_request(self.device_id), request.encode(), qos=0)
             boxes.append((request_id, box))

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,8 +19,9 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from edgefleet.control.fleet.remote import RemoteModel
 from edgefleet.core.bundle.archive import describe_files, pack_bundle, unpack_bundle
-from edgefleet.core.messages import InferRequest, InferResponse, WireTensor, decode
+from edgefleet.core.messages import InferResponse
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys
@@ -57,19 +56,12 @@ def wrong_golden_bundle(source: Path, out: Path, key: SigningKey, trusted: Trust
 
 
 def infer_mqtt(host: Connection, topics: Topics, device: str, slot: str | None) -> InferResponse:
-    client = f"c{uuid.uuid4().hex[:8]}"
-    answers: queue.Queue[InferResponse] = queue.Queue()
-    topic = topics.infer_response(device, client)
-    host.subscribe(topic, lambda _t, payload, _r: answers.put(decode(InferResponse, payload)), qos=1)
-    time.sleep(0.2)
-    request = InferRequest(
-        request_id="r1", client_id=client, slot=slot, inputs={k: WireTensor.of(v) for k, v in SAMPLE.items()}
-    )
-    host.publish(topics.infer_request(device), request.encode(), qos=1, wait=5)
+    remote = RemoteModel(host, topics, device, slot=slot)
     try:
-        return answers.get(timeout=30)
+        (answer,) = remote.infer_many([SAMPLE], timeout=30)
+        return answer
     finally:
-        host.unsubscribe(topic)
+        remote.close()
 
 
 class Hammer:
