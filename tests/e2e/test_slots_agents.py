@@ -13,6 +13,7 @@ its own bundle ids, golden set and version floor, and quick to install on a load
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,12 +145,15 @@ def _documents(conn: Connection, slot: str) -> dict[str, bytes]:
 
 def _untouched(conn: Connection, watcher: FleetWatcher, agents: list[AgentProcess], slot: str) -> dict[str, object]:
     """What must not change about `slot` while another slot is rolled out: its committed bundle and model, its
-    install state on disk (committed id, history, floor), and its retained signed documents (same counters)."""
+    install state on disk (committed id, history, floors, refusals), and its retained signed documents (same
+    counters)."""
     found: dict[str, object] = {"documents": _documents(conn, slot)}
     for agent in agents:
         entry = slot_of(watcher.status[agent.device_id], slot)
         found[f"{agent.device_id} serves"] = (entry.active_bundle, entry.active_model, entry.state, entry.verified)
-        found[f"{agent.device_id} state"] = (agent.state_dir / "slots" / slot / "state.json").read_bytes()
+        state = json.loads((agent.state_dir / "slots" / slot / "state.json").read_bytes())
+        state.pop("unannounced", None)  # a commit's event owed to the spool: sent once, whenever the agent gets to it
+        found[f"{agent.device_id} state"] = state
     return found
 
 
