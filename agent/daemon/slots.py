@@ -9,8 +9,10 @@ names it (or, at start-up, when the state directory holds its committed bundle),
 
 Threads: a device's cores are shared by its slots. While `threads` (the agent's --threads) is 0, a device running
 one slot lets the runtime decide as before; with n slots each slot's model gets cores // n intra-op threads (at
-least 1), fixed when the model loads, so two slots on a 2-core device never run more threads than cores. The status
-says the share and why (`Placement`).
+least 1), so two slots on a 2-core device never run more threads than cores. A session's thread count is fixed when
+it loads, so when a slot arrives or is removed, every slot whose share changed reloads its model with the new count
+(`Repartition`, a hot swap of the same bundle on the slot's own install thread: requests in flight finish on the old
+session). The status says the share and why (`Placement`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from edgefleet.agent.install import (
     Installer,
     MemoryBudget,
     Reconcile,
+    Repartition,
     SlotServing,
     Stop,
 )
@@ -178,8 +181,17 @@ class Slots:
         """Every slot brings itself to its desired state (a new document, a reconnect, memory freed)."""
         for name in self.desired.slots():
             self.ensure(name)
+        self.repartition()
         for parts in self.all().values():
             parts.installer.put(Reconcile())
+
+    def repartition(self) -> None:
+        """Each slot's share of the cores again (a slot arrived or was removed): a slot whose share changed loads
+        with the new count from now on and reloads what it serves, on its own install thread (`Repartition`)."""
+        for name, parts in self.all().items():
+            threads, why = self._share(name)
+            if threads != parts.installer.context.runtime.threads:
+                parts.installer.put(Repartition(threads, why))
 
     # --- routing requests
     def route(self, slot: str | None) -> InferenceTarget:

@@ -1,8 +1,8 @@
 """Installing bundles like an A/B update: signed desired state, the offer, verify, stage, load, golden set, atomic
 commit; the device's state directory and rollback floor; health after commit.
 
-Other rooms use `Installer` (the install worker and its typed commands: `Reconcile`, `Unhealthy`, `Stop`),
-`HealthMonitor`, `DeviceServing` / `SlotServing` (what each slot serves now and the device's status),
+Other rooms use `Installer` (the install worker and its typed commands: `Reconcile`, `Unhealthy`, `Repartition`,
+`Stop`), `HealthMonitor`, `DeviceServing` / `SlotServing` (what each slot serves now and the device's status),
 `MemoryBudget` (memory admission across slots), `migrate_single_model` (a single-model state dir becomes slot
 "default"), and what builds them: `Store` (the
 state directory), `DeviceTrust` (the keys this device trusts), `DesiredState` (signed desired documents) and
@@ -10,7 +10,7 @@ state directory), `DeviceTrust` (the keys this device trusts), `DesiredState` (s
 """
 
 from edgefleet.agent.install.admission import MemoryBudget, OverBudget
-from edgefleet.agent.install.commands import Command, Reconcile, Stop, Unhealthy
+from edgefleet.agent.install.commands import Command, Reconcile, Repartition, Stop, Unhealthy
 from edgefleet.agent.install.desired import DesiredRefused, DesiredState
 from edgefleet.agent.install.health_monitor import HealthMonitor, HealthPolicy
 from edgefleet.agent.install.installer import InstallContext, Refused, check_runnable
@@ -35,6 +35,7 @@ __all__ = [
     "OverBudget",
     "Reconcile",
     "Refused",
+    "Repartition",
     "SlotServing",
     "Stop",
     "Store",

@@ -23,10 +23,19 @@ class Unhealthy:
 
 
 @dataclass(frozen=True)
+class Repartition:
+    """The slot's share of the device's cores changed (a slot arrived or left): load with `threads` intra-op threads
+    from now on, and reload what the slot serves with them (a hot swap of the same bundle: no commit, no event)."""
+
+    threads: int
+    why: str
+
+
+@dataclass(frozen=True)
 class Stop:
     """Leave the loop: the agent is shutting down."""
 
 
-Command = Reconcile | Unhealthy | Stop
+Command = Reconcile | Unhealthy | Repartition | Stop
 
-__all__ = ["Command", "Reconcile", "Stop", "Unhealthy"]
+__all__ = ["Command", "Reconcile", "Repartition", "Stop", "Unhealthy"]

@@ -11,6 +11,7 @@ supervisor (agent/daemon/supervisor.py, agent/daemon/slots.py) owns the threads 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -22,7 +23,7 @@ from typing import Any
 import psutil
 
 from edgefleet.agent.install.admission import MemoryBudget, OverBudget
-from edgefleet.agent.install.commands import Command, Reconcile, Stop, Unhealthy
+from edgefleet.agent.install.commands import Command, Reconcile, Repartition, Stop, Unhealthy
 from edgefleet.agent.install.commit_notice import announce_commits
 from edgefleet.agent.install.desired import DesiredState
 from edgefleet.agent.install.installer import InstallContext, Refused, fetch_candidate, install, load_installed
@@ -115,6 +116,8 @@ class Installer:
                 if isinstance(command, Reconcile):
                     self._reconcile()
                     self._reconcile_shadow()
+                elif isinstance(command, Repartition):
+                    self._repartition(command)
                 else:
                     self._on_unhealthy(command)
             except Exception as err:  # the daemon must outlive any bug in one install
@@ -182,6 +185,30 @@ class Installer:
         self.serving.set_error(None, publish=False)
         self.serving.set_state("serving")
         self._announce_commits()
+
+    # --- the slot's share of the cores (agent/daemon/slots.py)
+    def _repartition(self, command: Repartition) -> None:
+        """Load with the new thread count from now on; reload what the slot serves with it, through the hot swap
+        (its requests in flight finish on the old session). A reload that fails keeps the model that serves."""
+        runtime = self.context.runtime
+        if command.threads == runtime.threads:
+            return
+        self.context = dataclasses.replace(self.context, runtime=dataclasses.replace(runtime, threads=command.threads))
+        before = self.serving.threads
+        self.serving.threads, self.serving.placement_why = command.threads, command.why
+        model = self.serving.model
+        if model is None:
+            return
+        try:
+            reloaded = self._measured(load_installed, self.store, model.bundle_id, self.trust, self.context.runtime)
+        except EdgefleetError as err:
+            log.warning("slot %s: reload with %d threads failed, %d kept: %s", self.slot, command.threads, before, err)
+            self.serving.placement_why = f"{command.why}; the reload failed ({err}), {before or 'default'} kept"
+            return
+        self._hold(reloaded)
+        self.serving.serve(reloaded)
+        self.serving.set_state("serving")  # the status shows the new placement
+        log.info("slot %s: %s reloaded with %d threads (%s)", self.slot, model.bundle_id, command.threads, command.why)
 
     # --- memory (agent/install/admission.py)
     def _admit(self, manifest: Manifest) -> None:

@@ -21,7 +21,7 @@ import tritonclient.http as triton
 
 from edgefleet.control.fleet.remote import RemoteModel
 from edgefleet.core.bundle.archive import describe_files, pack_bundle, unpack_bundle
-from edgefleet.core.messages import InferResponse
+from edgefleet.core.messages import DeviceStatus, InferResponse
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys
@@ -163,6 +163,40 @@ def test_two_slots_serve_side_by_side_and_a_failing_install_in_one_never_disturb
     assert not (agent.state_dir / "bundles" / b).exists() and (agent.state_dir / "bundles" / a).exists()
     alone = infer_mqtt(host, topics, device, None)  # one slot left: a request naming none goes to it
     assert alone.ok and alone.bundle_id == a
+
+
+def _placed(watcher: FleetWatcher, device: str, threads: int) -> DeviceStatus | None:
+    """The device's status once its detector slot runs with `threads` intra-op threads."""
+    status = watcher.status.get(device)
+    placement = slot_of(status, "detector").placement
+    return status if placement is not None and placement.threads == threads else None
+
+
+def test_a_slot_that_arrives_takes_its_share_of_the_cores_and_the_loaded_one_reloads_without_an_error(
+    start_agent: StartAgent, host: Connection, topics: Topics, watcher: FleetWatcher, demo_bundles: dict[str, Path],
+    tmp_path: Path, signing_key: SigningKey, trusted: TrustedKeys,
+) -> None:  # fmt: skip
+    device, port = "dev-share", free_port()
+    agent = start_agent(device, extra=("--http-port", str(port), "--probe-rate", "0", "--threads", "0"))
+    share = max(1, (os.cpu_count() or 1) // 2)  # two slots share this machine's cores
+    digits = demo_bundles["intel-x86-vnni"]
+    a = deploy_to(host, topics, digits, devices=(device,), slot="detector")
+    alone = slot_of(watcher.serving(device, a, slot="detector", timeout=90), "detector")
+    assert alone.placement is not None and alone.placement.threads == 0, "alone: the runtime's default"
+    marker = len(watcher.events)
+
+    reader = derive_bundle(digits, tmp_path, signing_key, trusted, model_name="digits-reader")
+    with Hammer(f"127.0.0.1:{port}", "digits-cnn") as hammer:
+        b = deploy_to(host, topics, reader, devices=(device,), slot="reader")
+        watcher.serving(device, b, slot="reader", timeout=90)
+        shared = watcher.wait_for("the detector reloaded with its share", lambda: _placed(watcher, device, share))
+        time.sleep(0.5)  # calls on the reloaded session too
+    assert hammer.errors == [] and hammer.answers > 10, (hammer.errors[:3], hammer.answers)
+    detector = slot_of(shared, "detector")
+    assert detector.active_bundle == a and detector.verified and "2 slots share them" in detector.placement.summary
+    assert slot_of(shared, "reader").placement.threads == share
+    assert [e.kind for e in watcher.events[marker:] if e.slot == "detector"] == [], "a reload, not an install"
+    assert agent.alive
 
 
 def test_an_over_budget_slot_is_refused_before_any_block_and_the_others_keep_serving(

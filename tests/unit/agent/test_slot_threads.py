@@ -18,6 +18,7 @@ from edgefleet.agent.install import (
     Identity,
     InstallContext,
     MemoryBudget,
+    Repartition,
     Store,
 )
 from edgefleet.agent.quality import FieldAccuracy, QualityConfig
@@ -70,3 +71,21 @@ def test_several_slots_share_the_cores(tmp_path: Path, cores: int, wanted: int, 
 def test_the_agents_threads_option_wins(tmp_path: Path) -> None:
     parts = slots_of(tmp_path, threads=1, cores=8, wanted=["a", "b"]).ensure("a")
     assert parts.serving.threads == 1 and "--threads" in parts.serving.placement_why
+
+
+def test_a_slot_that_arrives_takes_its_share_from_the_slots_already_there(tmp_path: Path) -> None:
+    slots = slots_of(tmp_path, threads=0, cores=2, wanted=["a"])
+    first = slots.ensure("a")
+    assert first.installer.context.runtime.threads == 0, "alone: the runtime's default"
+    slots.repartition()
+    assert first.installer._commands.empty(), "nothing changed: nothing to reload"
+
+    slots.ensure("b")  # a second slot's desired state arrived
+    slots.repartition()
+    command = first.installer._commands.get_nowait()
+    assert command == Repartition(1, "1 of 2 cores: 2 slots share them")
+    first.installer._repartition(command)  # on its install thread; it serves nothing yet, so nothing reloads
+    assert first.installer.context.runtime.threads == 1 and first.serving.threads == 1
+    assert first.serving.placement_why == "1 of 2 cores: 2 slots share them"
+    slots.repartition()
+    assert first.installer._commands.empty() and slots.ensure("b").installer._commands.empty()
