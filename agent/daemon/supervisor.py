@@ -256,8 +256,14 @@ class Agent:
             return
         self.link.apply_desired(self.desired.effective(slot))
         parts = self.slots.get(slot)
-        if parts is not None and parts.serving.model is not None:  # a new class needs no new bundle
-            self._classify(slot, parts.serving.model)
+        model = parts.serving.model if parts is not None else None
+        if model is not None:  # a new class needs no new bundle
+            before = self.compute.class_of(model.manifest.model_name)
+            self._classify(slot, model)
+            now = self.compute.class_of(model.manifest.model_name)
+            if now != before:  # the retained status says the class in force
+                log.info("slot %s (%s): class %s, was %s", slot, model.manifest.model_name, now, before)
+                self.serving.publish_status()
         self.slots.reconcile()  # this slot's document; a removal may also let a refused slot fit
 
     def _classify(self, slot: str, model: LoadedModel) -> None:

@@ -20,7 +20,13 @@ import pytest
 import tritonclient.http as triton
 
 from edgefleet.control.fleet.remote import RemoteModel
-from edgefleet.core.bundle.archive import describe_files, pack_bundle, unpack_bundle
+from edgefleet.core.bundle.archive import (
+    describe_files,
+    pack_bundle,
+    parse_manifest,
+    read_signed_manifest,
+    unpack_bundle,
+)
 from edgefleet.core.messages import DeviceStatus, InferResponse
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import Topics
@@ -111,6 +117,14 @@ def test_two_slots_serve_side_by_side_and_a_failing_install_in_one_never_disturb
     assert (
         slot_of(status, "detector").slot_class == "real-time" and slot_of(status, "reader").slot_class == "interactive"
     )
+    # A new class for a served slot needs no new bundle: the agent re-assigns its model and its status says so.
+    reader_manifest = parse_manifest(read_signed_manifest(reader).manifest_json)
+    deploy_slot(host, topics, reader_manifest, slot="reader", devices=(device,), slot_class="batch")
+    status = watcher.wait_for(
+        "the reader's new class in the status",
+        lambda: slot_of(watcher.status.get(device), "reader").slot_class == "batch" and watcher.status[device],
+    )
+    assert slot_of(status, "reader").active_bundle == b and slot_of(status, "detector").slot_class == "real-time"
     second = slot_of(status, "reader")
     assert status.memory_free_mb is not None and second.memory_mb is not None and second.memory_mb >= 0
     assert second.placement is not None and second.placement.threads == 1  # the agent's --threads 1
