@@ -6,8 +6,9 @@ the models served, admission, the model run and its accounting, feedback.
 
 Admission: a request for a model is admitted (or refused with 404 or 503) from its head alone, before its
 body is read. At most `concurrency` requests run inference at once and at most `queue_size` more wait; the
-rest are refused with 503 at once. Connections are served by one I/O thread and a fixed pool of workers
-(agent/api/http/server.py), with deadlines for the head, the body and the answer.
+rest are refused with 503 at once. A real-time slot's request takes no inference place: the compute gate starts it
+at once and holds the other classes back while it runs (`_real_time`). Connections are served by one I/O thread
+and a fixed pool of workers (agent/api/http/server.py), with deadlines for the head, the body and the answer.
 
 Accounting: every answer but 200 is counted by kind. Refusals (bad input, unknown model, too large, full)
 are the caller's fault: they never reach the model's health. Only a failure of the model's own run on
@@ -380,6 +381,12 @@ class InferenceService:
         if retired is not None:
             retired.close()
 
+    def _real_time(self, model: ServedModel) -> bool:
+        """A real-time slot's request takes no inference place: behind a burst of batch requests holding every
+        place it would wait for them all before its class counts. The compute gate orders it instead (it starts at
+        once; the other classes wait while it runs or waits), and admission still bounds what is pending."""
+        return self.compute is not None and self.compute.class_of(model.manifest.model_name) == "real-time"
+
     def run(self, ticket: Ticket, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
         """Run the admitted request's model: (outputs, latency ms). Input the model refuses is a 400; only an
         exception from the run itself is a model failure (a 500, counted against the model's health)."""
@@ -387,12 +394,13 @@ class InferenceService:
         batcher = self._batchers.get(id(model))
         if batcher is not None:
             return self._run_batched(model, batcher, feeds)
-        if ticket.slot:  # taken by Ticket.quick: this run owns it now
-            ticket.slot = False
-        else:
+        held = ticket.slot  # a place taken by Ticket.quick: this run owns it now
+        ticket.slot = False
+        if not held and not self._real_time(model):
             wait = self.config.queue_timeout_s - (time.monotonic() - ticket.admitted)
             if wait <= 0 or not self._slots.acquire(timeout=wait):
                 raise RequestError(503, "timeout", f"no inference place within {self.config.queue_timeout_s:g} s")
+            held = True
         with self._count_lock:
             self._running += 1
         try:
@@ -416,7 +424,8 @@ class InferenceService:
         finally:
             with self._count_lock:
                 self._running -= 1
-            self._slots.release()
+            if held:
+                self._slots.release()
         self._last_ms[id(model)] = latency_ms
         self.metrics.observe(model.manifest.model_name, model.bundle_id, model.provider, latency_ms)
         if self._on_answer is not None:

@@ -65,3 +65,29 @@ def test_a_request_waits_while_real_time_work_runs(models: dict[str, LoadedModel
         asker.join(10)
     assert answered and answered[0] >= released
     assert gate.timing()["digits-cnn"].yields == 1
+
+
+def test_a_real_time_request_runs_while_batch_requests_hold_every_inference_place(
+    models: dict[str, LoadedModel],  # noqa: F811
+) -> None:
+    gate = ComputeGate()
+    gate.assign("camera", "real-time")
+    gate.assign("digits-cnn", "real-time")
+    gate.assign("digits-dyn", "batch")
+    x = digits_samples(1)[0]
+    statuses: list[int] = []
+    with InferenceService([models["v1"], models["dyn"]], ServiceConfig(port=0, concurrency=1), compute=gate) as svc:
+        with gate.step("camera"):  # real-time work runs: the batch request takes the only place, then waits
+            batch = threading.Thread(
+                target=lambda: statuses.append(call(svc, "POST", "/v2/models/digits-dyn/infer", _oip(x))[0])
+            )
+            batch.start()
+            deadline = time.monotonic() + 10
+            while not gate.snapshot().waiting["batch"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            status, _, _ = call(svc, "POST", "/v2/models/digits-cnn/infer", _oip(x))
+            assert status == 200, "the real-time request did not wait for the place the batch request holds"
+            assert gate.snapshot().waiting["batch"] == 1 and statuses == []
+        batch.join(10)
+    assert statuses == [200]
