@@ -298,3 +298,33 @@ def test_a_login_link_becomes_the_same_session_and_another_site_cannot_send_one(
     assert status == 403 and "set-cookie" not in headers
     actions = [(e.action, e.outcome) for e in store.audit(limit=10)]
     assert ("login", "ok") in actions and ("login", "refused: cross-site link") in actions
+
+
+def test_a_slots_class_is_set_through_the_dashboard_and_a_bad_one_is_refused_with_its_reason(
+    server: DashboardServer, store: Store
+) -> None:
+    token = auth.issue_token(store, "alice")
+    bearer = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def schedule(body: dict[str, object]) -> tuple[int, bytes]:
+        status, _, answer = request(server, "POST", "/api/desired/schedule", json.dumps(body).encode(), bearer)
+        return status, answer
+
+    good = {"scope": "group", "target": "line", "slot": "detector", "slot_class": "real-time",
+            "latency_objective_ms": 30}  # fmt: skip
+    status, answer = schedule(good)
+    assert status == 200 and json.loads(answer) == {**good, "latency_objective_ms": 30.0}
+    for bad, why in (
+        ({**good, "slot_class": "urgent"}, b"unknown slot class 'urgent'"),
+        ({**good, "slot_class": "batch"}, b"a latency objective is a real-time slot's"),
+        ({**good, "latency_objective_ms": "fast"}, b"must be a number"),
+        ({**good, "latency_objective_ms": True}, b"must be a number"),
+        ({**good, "slot": "../x"}, b"slot"),
+    ):
+        status, answer = schedule(bad)
+        assert status == 400 and why in answer, (bad, status, answer)
+    assert [(p.target, p.slot, p.slot_class, p.latency_objective_ms) for p in store.slot_policies()] == [
+        ("line", "detector", "real-time", 30.0)
+    ]
+    trail = [(e.action, e.outcome.split(":")[0]) for e in reversed(store.audit()) if e.action == "desired.schedule"]
+    assert trail[0] == ("desired.schedule", "ok") and len(trail) == 6
