@@ -190,7 +190,7 @@ class Slots:
         with the new count from now on and reloads what it serves, on its own install thread (`Repartition`)."""
         for name, parts in self.all().items():
             threads, why = self._share(name)
-            if threads != parts.installer.context.runtime.threads:
+            if (threads, why) != (parts.installer.context.runtime.threads, parts.serving.placement_why):
                 parts.installer.put(Repartition(threads, why))
 
     # --- routing requests

@@ -191,7 +191,8 @@ class Installer:
         """Load with the new thread count from now on; reload what the slot serves with it, through the hot swap
         (its requests in flight finish on the old session). A reload that fails keeps the model that serves."""
         runtime = self.context.runtime
-        if command.threads == runtime.threads:
+        if command.threads == runtime.threads:  # the same share, for another reason ("3 slots share them")
+            self.serving.placement_why = command.why
             return
         self.context = dataclasses.replace(self.context, runtime=dataclasses.replace(runtime, threads=command.threads))
         before = self.serving.threads

@@ -89,3 +89,9 @@ def test_a_slot_that_arrives_takes_its_share_from_the_slots_already_there(tmp_pa
     assert first.serving.placement_why == "1 of 2 cores: 2 slots share them"
     slots.repartition()
     assert first.installer._commands.empty() and slots.ensure("b").installer._commands.empty()
+
+    slots.ensure("c")  # a third: still 1 thread each on 2 cores, and the placement says why
+    slots.repartition()
+    command = first.installer._commands.get_nowait()
+    first.installer._repartition(command)
+    assert first.installer.context.runtime.threads == 1 and first.serving.placement_why.startswith("1 of 2 cores: 3")
