@@ -18,7 +18,8 @@ re-assigns a served slot's class without reloading it); scheduled (detector "rea
 the last answer, and the agent's own queue and compute time per slot (`Telemetry.scheduling`, 1 s windows pooled per
 mode). Goals (issue 33): detector p95 scheduled ≤ 1.25× alone; lm ≥ 70 % of its tokens/s alone. Then admission: the
 agent's `--memory-budget-mb` is the three models' needs plus half of a fourth's (the digits CNN); deploying that
-fourth slot must be refused before download (no download event, 0 bundle bytes received).
+fourth slot must be refused before download (no download event, 0 bundle bytes received). Between the two, the
+agent's CPU with the three slots loaded and no request (`--idle-seconds`; issue 33's goal: ≤ 1 % of a core).
 
 The clients run on the same cores as the agent (the machine's load average is in the output).
 """
@@ -55,6 +56,7 @@ from support.servers.brokers import MosquittoBroker, free_port  # noqa: E402
 
 DEVICE = "mm-1"
 SLOTS = ("detector", "lm", "burst")
+IDLE_GOAL_PCT = 1.0  # of one core, three idle slots (issue 33 item 9)
 SCHEDULED: dict[str, SlotClass] = {"detector": "real-time", "lm": "interactive", "burst": "batch"}
 NAIVE: dict[str, SlotClass] = dict.fromkeys(SLOTS, "interactive")
 PROFILE = "generic-x86-64"  # the bundles' (bench/multimodel_bundles.py)
@@ -273,6 +275,27 @@ def run_mode(mode: Mode, bench: Bench, clients: dict[str, Any], seconds: float, 
     return out
 
 
+def idle_window(agent: AgentProcess, watcher: FleetWatcher, seconds: float) -> dict[str, Any]:
+    """The agent's CPU with its three slots loaded and no request at all (probes off, as in the modes), as % of one
+    core from /proc over `seconds` after a settle, and its own telemetry's idle figure per slot (issue 33 item 9:
+    goal ≤ 1 % of a core)."""
+    from idle import idle_cpu  # bench/idle.py, beside this script
+
+    assert agent.proc is not None
+    time.sleep(5.0)  # the last requests' threads go quiet
+    start = time.time()
+    measured = idle_cpu(agent.proc.pid, seconds)
+    reported = {
+        t.slot: t.idle_cpu_percent
+        for t in list(watcher.telemetry)
+        if t.device_id == DEVICE and t.ts >= start and t.idle_cpu_percent is not None
+    }
+    pct = float(measured["pct_of_core"])  # type: ignore[arg-type]
+    return {"seconds": measured["seconds"], "pct_of_core": pct, "goal_pct": IDLE_GOAL_PCT, "met": pct <= IDLE_GOAL_PCT,
+            "busiest_threads": measured["by_thread_name"][:4],  # type: ignore[index]
+            "telemetry_idle_cpu_percent_by_slot": reported}  # fmt: skip
+
+
 def admission(bench: Bench, extra: Path, needs: dict[str, float], budget_mb: float) -> dict[str, Any]:
     """Deploy the fourth slot over the budget; its refusal, its download events and the bundle bytes received."""
     from support.fleet import deploy_to
@@ -310,6 +333,12 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens of each language-model stream")
     parser.add_argument("--threads", type=int, default=0, help="the agent's --threads (0: the bundle's or measured)")
     parser.add_argument("--work", type=Path, default=None, help="keep keys and bundles here, reused next run")
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=30.0,
+        help="the idle window with the three slots loaded and no request (issue 33 item 9; 0: skip)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     for logger in ("httpx", "httpx2"):  # the openai client's transport logs every request at INFO
@@ -377,6 +406,7 @@ def main() -> int:
                 for mode in rotated(MODES, index):
                     print(f"== round {index + 1}: {mode.name}", file=sys.stderr, flush=True)
                     rounds[mode.name].append(run_mode(mode, bench, clients, args.seconds, args.rate))
+            idle = idle_window(agent, watcher, args.idle_seconds) if args.idle_seconds > 0 else None
             admitted = admission(bench, paths["extra"], needs, budget_mb)
             status = watcher.status.get(DEVICE)
             placements = (
@@ -388,6 +418,7 @@ def main() -> int:
             host.stop()
             broker.stop()
     report = summarize(args, manifests, rounds, admitted, placements, load_start)
+    report["idle"] = idle
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -480,10 +511,18 @@ def table(r: dict[str, Any]) -> str:
         f"{'met' if g['lm_tokens_met'] else 'NOT met'}; naive {g['lm_tokens_naive_share']:.0%}",
         f"admission: budget {a['budget_mb']} MB, fourth slot refused: {a['reason']}; download events "
         f"{a['download_events']}, bundle bytes fetched {a['bundle_bytes_fetched']}: {'met' if a['met'] else 'NOT met'}",
+        idle_line(r.get("idle")),
         f"load average: start {load['start'][0]:.1f}, median during modes {load['median_1min_during_modes']:.1f}, "
         f"end {load['end'][0]:.1f} (1 min; {r['cpus']} cores)",
     ]
     return "\n".join(lines)
+
+
+def idle_line(idle: dict[str, Any] | None) -> str:
+    if idle is None:
+        return "idle: not measured (--idle-seconds 0)"
+    return (f"idle, three slots loaded: {idle['pct_of_core']:.2f} % of a core over {idle['seconds']} s (goal <= "
+            f"{idle['goal_pct']:g} %): {'met' if idle['met'] else 'NOT met'}")  # fmt: skip
 
 
 if __name__ == "__main__":
