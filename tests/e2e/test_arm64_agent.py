@@ -187,6 +187,9 @@ def test_an_arm64_device_detects_its_profile_installs_serves_reports_and_rolls_b
         v1 = _deploy(host, arm_bundle)
         status = watcher.serving(DEVICE, v1, timeout=EMULATED_S)
         assert slot_of(status).provider_in_use == "CPUExecutionProvider" and slot_of(status).verified
+        # The commit's event is spooled after the slot serves (agent/install/commit_notice.py): it may follow the
+        # status, most of all under emulation.
+        watcher.event(DEVICE, "committed", bundle_id=v1, timeout=EMULATED_S)
         kinds = [e.kind for e in watcher.events if e.device_id == DEVICE and e.bundle_id == v1]
         assert {"verified", "installed", "committed"} <= set(kinds), kinds
 

@@ -2,7 +2,7 @@
 -- slot's p95 latency objective, per (scope, target, slot), resolved like deployments (device > highest-priority
 -- group > fleet) but kept apart from them, so a rollout of a new bundle keeps the slot's class and a new class
 -- publishes no new bundle. `published` remembers the class and objective last signed, so a change is re-published.
-CREATE TABLE slot_policies (
+CREATE TABLE IF NOT EXISTS slot_policies (
     scope TEXT NOT NULL, target TEXT NOT NULL, slot TEXT NOT NULL, slot_class TEXT NOT NULL,
     latency_objective_ms REAL, updated_at REAL NOT NULL, PRIMARY KEY (scope, target, slot)
 );
