@@ -414,24 +414,14 @@ class InferenceService:
         except DataError as err:
             raise RequestError(400, "bad-request", str(err)) from err
         except Exception as err:  # the model's own failure: answers this request, counts against its health
-            self._errors.exception("inference", "inference failed on %s", model.bundle_id)
-            self.metrics.failure(model.manifest.model_name)
-            if self._on_failure is not None:
-                self._on_failure()
-            if self._on_model_failure is not None:
-                self._on_model_failure(model.manifest.model_name)
-            raise RequestError(500, "runtime", f"inference failed: {type(err).__name__}: {err}") from err
+            raise self._model_failed(model, err) from err
         finally:
             with self._count_lock:
                 self._running -= 1
             if held:
                 self._slots.release()
         self._last_ms[id(model)] = latency_ms
-        self.metrics.observe(model.manifest.model_name, model.bundle_id, model.provider, latency_ms)
-        if self._on_answer is not None:
-            self._on_answer(latency_ms)
-        if self._on_model_answer is not None:
-            self._on_model_answer(model.manifest.model_name, latency_ms)
+        self._model_answered(model, latency_ms)
         return outputs, latency_ms
 
     def _run_batched(
@@ -446,16 +436,28 @@ class InferenceService:
         except DataError as err:
             raise RequestError(400, "bad-request", str(err)) from err
         except Exception as err:  # the model's own failure: answers this request, counts against its health
-            self._errors.exception("inference", "inference failed on %s", model.bundle_id)
-            self.metrics.failure(model.manifest.model_name)
-            if self._on_failure is not None:
-                self._on_failure()
-            raise RequestError(500, "runtime", f"inference failed: {type(err).__name__}: {err}") from err
+            raise self._model_failed(model, err) from err
         latency_ms = (time.perf_counter() - start) * 1000
+        self._model_answered(model, latency_ms)
+        return outputs, latency_ms
+
+    # --- a run's accounting, the same for a single run and a batch's share
+    def _model_answered(self, model: ServedModel, latency_ms: float) -> None:
         self.metrics.observe(model.manifest.model_name, model.bundle_id, model.provider, latency_ms)
         if self._on_answer is not None:
             self._on_answer(latency_ms)
-        return outputs, latency_ms
+        if self._on_model_answer is not None:
+            self._on_model_answer(model.manifest.model_name, latency_ms)
+
+    def _model_failed(self, model: ServedModel, err: Exception) -> RequestError:
+        """Count the model's own failure (its health and its slot's) and the 500 that answers it."""
+        self._errors.exception("inference", "inference failed on %s", model.bundle_id)
+        self.metrics.failure(model.manifest.model_name)
+        if self._on_failure is not None:
+            self._on_failure()
+        if self._on_model_failure is not None:
+            self._on_model_failure(model.manifest.model_name)
+        return RequestError(500, "runtime", f"inference failed: {type(err).__name__}: {err}")
 
     def remember(
         self, ticket: Ticket, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray], client_id: str | None = None

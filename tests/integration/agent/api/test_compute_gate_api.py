@@ -91,3 +91,17 @@ def test_a_real_time_request_runs_while_batch_requests_hold_every_inference_plac
             assert gate.snapshot().waiting["batch"] == 1 and statuses == []
         batch.join(10)
     assert statuses == [200]
+
+
+def test_a_batched_request_is_counted_for_its_model_as_a_single_run_is(
+    models: dict[str, LoadedModel],  # noqa: F811
+) -> None:
+    """The slot's statistics (telemetry, health, rollout judges) hear of every answer, batched or not."""
+    answered: list[str] = []
+    config = ServiceConfig(port=0, batching=BatchingConfig(max_queue_delay_ms=1, preferred_batch_size=4))
+    with InferenceService([models["v1"], models["dyn"]], config,
+                          on_model_answer=lambda name, _ms: answered.append(name)) as svc:  # fmt: skip
+        for sample in digits_samples(2, seed=3):
+            assert call(svc, "POST", "/v2/models/digits-dyn/infer", _oip(sample))[0] == 200
+            assert call(svc, "POST", "/v2/models/digits-cnn/infer", _oip(sample))[0] == 200
+    assert sorted(answered) == ["digits-cnn", "digits-cnn", "digits-dyn", "digits-dyn"]
