@@ -4,6 +4,8 @@ Layouts (per sample, after the batch axis):
 - YOLO, attributes first `[4+classes, anchors]` (YOLOv8/v11 exports): cx, cy, w, h, then class scores;
 - YOLO, anchors first `[anchors, 5+classes]` (YOLOv5, YOLOX): cx, cy, w, h, objectness, class scores;
 - SSD-style two outputs: boxes `[anchors, 4]` (corners) and scores `[anchors, classes]` in [0, 1].
+A table whose every row is a probability distribution is a recognizer's per-position softmax (a CTC head), not a
+detection head, whatever its shape.
 Detections are the boxes whose best score reaches CONFIDENCE, after per-class non-maximum suppression. A
 candidate's detection matches an FP32 one with the same class, IoU >= MATCH_IOU and a score within
 SCORE_DELTA; the score is the F1 of matched detections over the evaluation set (1.0 = the same detections).
@@ -43,6 +45,12 @@ def _rows(values: np.ndarray) -> np.ndarray | None:
     return values if values.ndim == 3 else None
 
 
+def _per_position_distributions(rows: np.ndarray) -> bool:
+    """Every row along the last axis a probability distribution: a recognizer's softmax over classes at each position
+    (a CTC head [positions, classes]), never a detection table, whose rows mix box coordinates and scores."""
+    return float(rows.min()) >= -1e-6 and bool(np.allclose(rows.sum(axis=-1, dtype=np.float64), 1.0, atol=1e-3))
+
+
 def _in_unit(values: np.ndarray) -> bool:
     return bool(values.size) and float(values.min()) >= -1e-3 and float(values.max()) <= 1.0 + 1e-3
 
@@ -63,7 +71,7 @@ def recognize(reference: Mapping[str, np.ndarray]) -> Layout | None:
             continue
         a, b = rows.shape[1:]
         attrs, anchors = min(a, b), max(a, b)
-        if attrs < 5 or anchors < 4 * attrs:
+        if attrs < 5 or anchors < 4 * attrs or _per_position_distributions(rows):
             continue
         kind: Literal["yolo-attributes-first", "yolo-anchors-first"] = (
             "yolo-attributes-first" if a < b else "yolo-anchors-first"

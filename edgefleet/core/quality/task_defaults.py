@@ -6,8 +6,9 @@ By output kind (the first output that is not an input passed through):
 - a recognized detection head with detections → `detection-f1`;
 - labels or ids (integers, strings) → `top1` / `argmax-agreement` for one per sample, `per-position-agreement`
   for a sequence;
-- a sequence of distributions (CTC, token heads: rows that sum to 1 or log-sum-exp to 0), or token logits named
-  so → `per-position-agreement`;
+- a sequence of distributions (CTC, token heads: rows that sum to 1 or log-sum-exp to 0), token logits named
+  so, or positions of scores with one clear winner at most positions and several different winners (a recognizer's
+  raw logits, whatever its exporter named them) → `per-position-agreement`;
 - a vector per sample: class scores (labels given, a distribution, a class-like name, or confident: most of its
   entry clearly above the rest in most samples) → `top1` / `argmax-agreement`; per-entry probabilities (sigmoid
   outputs, masks) → `mask-iou-mae@0.5`; an embedding (an embedding-like name, unit-norm rows, or any other
@@ -35,6 +36,7 @@ MAX_CLASSES = 100_000
 WINNER_GAP = 2.0  # class logits: the top entry above the second by this many spreads of the others ...
 CONFIDENT_SHARE = 0.6  # ... in at least this share of the samples
 MIN_WINNER_WIDTH = 5  # fewer unnamed scores than this cannot show a winner: read as a regression
+MIN_DISTINCT_WINNERS = 3  # sequence logits: positions of a sequence won by at least this many different classes
 MASK_THRESHOLD = 0.5
 EMBEDDING_NAME = re.compile(
     r"embed|emb\b|emb_|feature|feat\b|vector|pool|sentence|encod|hidden|latent|descriptor", re.I
@@ -95,6 +97,21 @@ def _confident(rows: np.ndarray) -> bool:
     return bool(np.mean(clear) >= CONFIDENT_SHARE)
 
 
+def _varied(rows: np.ndarray) -> bool:
+    """The winning entry is not the same everywhere: at least MIN_DISTINCT_WINNERS different ones (hidden states
+    with an outlier dimension have one winner at every position; a recognizer's positions name several classes)."""
+    return len(np.unique(np.argmax(rows, axis=1))) >= MIN_DISTINCT_WINNERS
+
+
+def _sequence_logits(name: str, rows: np.ndarray) -> bool:
+    """Rows of raw scores (not probabilities: a map in [0, 1] is judged as a map), not named as hidden states, with a
+    clear winner at most positions and several different winners."""
+    return (
+        rows.shape[-1] >= MIN_WINNER_WIDTH and not EMBEDDING_NAME.search(name) and not _in_unit_range(rows)
+        and _confident(rows) and _varied(rows)
+    )  # fmt: skip
+
+
 def _unit_norm(rows: np.ndarray) -> bool:
     norms = np.linalg.norm(rows.astype(np.float64), axis=1)
     return bool(norms.size) and bool(np.allclose(norms, 1.0, atol=1e-3))
@@ -138,6 +155,11 @@ def _by_shape(name: str, ref: np.ndarray, labels: np.ndarray | None, class_label
             return _rule("per-position-agreement", name, "sequence", why)
         if SEQUENCE_NAME.search(name) and not EMBEDDING_NAME.search(name):
             why = f"{dims[0]} positions x {dims[1]} scores, named {name!r}"
+            return _rule("per-position-agreement", name, "sequence", why)
+        rows = ref.reshape(-1, ref.shape[-1])
+        if _sequence_logits(name, rows):
+            why = (f"{dims[0]} positions x {dims[1]} scores with one clear winner at most positions, and the winners "
+                   "vary (sequence logits: a CTC or token head)")  # fmt: skip
             return _rule("per-position-agreement", name, "sequence", why)
     if len(dims) == 1 and 2 <= dims[0] <= MAX_CLASSES:
         width = dims[0]

@@ -37,6 +37,21 @@ KINDS = {
     "confident logits": ({"out": _winners(16, 10)}, "argmax-agreement", "class-scores"),
     "logits by name": ({"logits": RNG.normal(size=(16, 10))}, "argmax-agreement", "class-scores"),
     "a CTC head": ({"softmax_0": _softmax(RNG.normal(size=(16, 40, 97)))}, "per-position-agreement", "sequence"),
+    "a CTC softmax shaped like a YOLO table (ppocr-rec: 40 positions x 6625 classes)": (
+        {"softmax_11.tmp_0": _softmax(_winners(16 * 40, 6625).reshape(16, 40, 6625))},
+        "per-position-agreement",
+        "sequence",
+    ),
+    "CTC logits, time first, named by the exporter": (
+        {"387": _winners(16 * 32, 97).reshape(16, 32, 1, 97)},
+        "per-position-agreement",
+        "sequence",
+    ),
+    "hidden states with one outlier dimension": (
+        {"out": RNG.normal(size=(16, 12, 64)) + 40 * np.eye(64)[5]},
+        "relative-error",
+        "regression",
+    ),
     "a probability map": ({"d0": RNG.uniform(size=(16, 1, 32, 32))}, "mask-iou-mae@0.5", "probability-map"),
     "one probability per sample": ({"output": RNG.uniform(size=(16, 1))}, "mask-iou-mae@0.5", "probability-map"),
     "per-entry probabilities": ({"mask": RNG.uniform(size=(16, 1, 257))}, "mask-iou-mae@0.5", "probabilities"),
