@@ -45,6 +45,15 @@ BENCHES = [
           "recognizer that ships already quantized (ddddocr) and a salient-object segmenter (u2netp), at 2 threads, "
           "every standard recipe and edgefleet's "
           "cold `edgefleet convert` (its search time and peak RSS) in one run, interleaved; task metric by default."),
+    Bench("default_rules", "Converter: do the defaults choose what the task metric chooses? (issue 31, item 6)",
+          "python bench/record.py default_rules -- python bench/default_rules.py --json "
+          "bench/results/default_rules.json",
+          "Per corpus model whose task metric is not the default rule itself: a cold `edgefleet convert` on defaults "
+          "and one with the task metric and its bar (basic-pitch: the note-level F1 of "
+          "bench/task_metrics/notes.py), at 2 threads for the profile that matches the machine; both choices timed "
+          "in the same interleaved rounds and scored by the task metric. Goal: the defaults' choice at most 1.05x "
+          "the task metric's, and never below the task's bar. Where both chose the same recipe, the ratio is the "
+          "timing noise of one run, not a difference in choice."),
     Bench("search_cost", "Converter: what a cold search costs, against its time budget",
           "python bench/record.py search_cost -- python bench/search_cost.py --model ppocr-rec,u2netp,minilm-l6,"
           "ddddocr-old --unbounded ppocr-rec,minilm-l6,ddddocr-old --json bench/results/search_cost.json",
