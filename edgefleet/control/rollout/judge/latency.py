@@ -38,7 +38,11 @@ scaled to the device by the previous bundle's device-to-build ratio, each bundle
 (`scale_to_device`): expected = the previous p50 on this device × new build ÷ previous build. A device's p50 also
 holds a fixed part no build measures (a quiet device's call, up to `quiet_call_ms`), which does not scale: for a
 new model faster at build than the previous one, that part is kept whole (expected = previous p50 × s + c × (1 - s),
-s the build ratio, c the fixed part), the most the device's figures allow. The p50 is judged against factor × that
+s the build ratio, c the fixed part), the most the device's figures allow. The expectation is never below the new
+model's own measurement: where the previous model ran faster on the device than at its build, that ratio does not
+carry to another model (measured on the corpus, `tests/e2e/test_rollout_corpus_agents.py`: ppocr-cls ran at 0.39x its
+build on an agent where basic-pitch then ran at about 1.2x its own, and was rolled back on a limit of 105 ms against
+its own build's 178 ms), so the new model is held to its own figure there. The p50 is judged against factor × that
 expectation, noise-aware as above (the previous bundle's window and the new one's); the tail is not (another
 model's tail has its own shape). A model really 2× slower on the device than its build fails as it would against its
 own previous version. With no usable previous window, or no build figure for either bundle, the new bundle is
@@ -79,15 +83,22 @@ class Scaled(BaseModel):
     fixed_ms: float
     where: str
     previous: Metrics
+    own_floor: bool = False  # the scaled figure fell below the new model's own measurement, which was kept instead
 
     @property
     def describe(self) -> str:
         fixed = f" with its {self.fixed_ms:.3f} ms fixed part kept whole" if self.fixed_ms else ""
-        return (
+        scaled = (
             f"the new model's own {self.build_ms:.3f} ms ({self.where}) scaled to this device by its previous "
             f"bundle {self.previous.bundle_id} ({self.previous_device_ms:.3f} ms here against "
-            f"{self.previous_build_ms:.3f} ms measured the same way){fixed}: {self.expected_ms:.3f} ms"
+            f"{self.previous_build_ms:.3f} ms measured the same way){fixed}"
         )
+        if self.own_floor:
+            return (
+                f"{scaled} comes below the new model's own measurement, which is kept: {self.expected_ms:.3f} ms "
+                "(another model running faster here than at its build says nothing of this one's speed)"
+            )
+        return f"{scaled}: {self.expected_ms:.3f} ms"
 
 
 def scale_to_device(
@@ -106,8 +117,8 @@ def scale_to_device(
     fixed = min(t.quiet_call_ms, device) if ratio < 1 else 0.0
     expected = device * ratio + fixed * (1 - ratio)
     return Scaled(
-        expected_ms=expected, build_ms=new, previous_build_ms=old, previous_device_ms=device, fixed_ms=fixed,
-        where=measured[2], previous=previous,
+        expected_ms=max(expected, new), build_ms=new, previous_build_ms=old, previous_device_ms=device,
+        fixed_ms=fixed, where=measured[2], previous=previous, own_floor=expected < new,
     )  # fmt: skip
 
 
