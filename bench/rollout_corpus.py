@@ -57,7 +57,7 @@ class Built:
     bundle: Path
     manifest: Manifest
     convert_s: float
-    broken: Path
+    broken: Path | None  # None: the noise did not break it (the note says how far it went)
     broken_note: str  # how it was broken: the noise and the task metric against the bar
 
 
@@ -80,16 +80,22 @@ def build(model: corpus.CorpusModel, work: Path, key: SigningKey, trusted: Trust
         shutil.copyfile(result.bundle, good)
         print(f"== breaking {model.name}: its weights perturbed past its bar", file=sys.stderr, flush=True)
         data = scratch / "data" / f"{model.name}_eval.npz"
-        perturbed = rollouts.perturbed_bundle(model, good, scratch / "broken", key, trusted, evaluation=data)
-        shutil.copyfile(perturbed.bundle, broken)
-        note = (
-            f"weights perturbed ({perturbed.tensors} tensors, noise {perturbed.sigma:g} std): {perturbed.metric} "
-            f"{perturbed.score:.4f} < bar {perturbed.bar:.4f} (good build {perturbed.good_score:.4f})"
-        )
+        try:
+            perturbed = rollouts.perturbed_bundle(model, good, scratch / "broken", key, trusted, evaluation=data)
+        except AssertionError as err:  # reported in the table: a model the noise does not break
+            note = f"not broken: {err}"
+        else:
+            shutil.copyfile(perturbed.bundle, broken)
+            note = (
+                f"weights perturbed ({perturbed.tensors} tensors, noise {perturbed.sigma:g} std): {perturbed.metric} "
+                f"{perturbed.score:.4f} < bar {perturbed.bar:.4f} (good build {perturbed.good_score:.4f})"
+            )
         facts.write_text(json.dumps({"convert_s": round(seconds, 1), "broken": note}))
         shutil.rmtree(scratch, ignore_errors=True)
     recorded = json.loads(facts.read_text())
-    return Built(model, good, _manifest(good), recorded["convert_s"], broken, recorded["broken"])
+    return Built(
+        model, good, _manifest(good), recorded["convert_s"], broken if broken.exists() else None, recorded["broken"]
+    )
 
 
 class Fleets:
@@ -125,7 +131,9 @@ def roll(fleets: Fleets, group: str, bundle: Path) -> rollouts.Outcome:
     return outcome
 
 
-def row(built: Built, fresh: rollouts.Outcome, onto: rollouts.Outcome, broken: rollouts.Outcome) -> dict[str, Any]:
+def row(
+    built: Built, fresh: rollouts.Outcome, onto: rollouts.Outcome, broken: rollouts.Outcome | None
+) -> dict[str, Any]:
     manifest, held = built.manifest, built.manifest.golden_hold
     replaced = sorted({p.previous_model for p in onto.doc.devices.values() if p.previous_model})
     return {
@@ -146,11 +154,11 @@ def row(built: Built, fresh: rollouts.Outcome, onto: rollouts.Outcome, broken: r
         "why_not": "; ".join(
             f"{what}: {o.reason}" for what, o in (("fresh", fresh), ("onto another", onto)) if o.state != "succeeded"
         ),
-        "broken": broken.state,
-        "broken_s": round(broken.seconds, 1),
+        "broken": broken.state if broken else "not rolled out",
+        "broken_s": round(broken.seconds, 1) if broken else None,
         "broken_build": built.broken_note,
-        "broken_reason": broken.reason,
-        "ok": fresh.state == "succeeded" and onto.state == "succeeded" and broken.stopped,
+        "broken_reason": broken.reason if broken else "",
+        "ok": fresh.state == "succeeded" and onto.state == "succeeded" and broken is not None and broken.stopped,
     }
 
 
@@ -193,19 +201,21 @@ def _run(fleets: Fleets, built: list[Built], groups: list[str]) -> list[dict[str
         if index == 0:
             continue
         onto[name] = roll(fleets, home, item.bundle)
-        broken[name] = roll(fleets, home, item.broken)
+        if item.broken is not None:
+            broken[name] = roll(fleets, home, item.broken)
         if index > 1:
             fleets.stop(group)
     if len(built) > 1:
         first, second = built[0], groups[1]
         print(f"== {first.model.name} onto {second}", file=sys.stderr, flush=True)
         onto[first.model.name] = roll(fleets, second, first.bundle)
-        broken[first.model.name] = roll(fleets, second, first.broken)
+        if first.broken is not None:
+            broken[first.model.name] = roll(fleets, second, first.broken)
     rows = []
     for item in built:
         name = item.model.name
         if name in onto:
-            rows.append(row(item, fresh[name], onto[name], broken[name]))
+            rows.append(row(item, fresh[name], onto[name], broken.get(name)))
     return rows
 
 

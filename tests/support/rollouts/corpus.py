@@ -109,10 +109,12 @@ def _perturb_onnx(path: Path, sigma: float, seed: int) -> int:
 
     model = onnx.load(str(path))
     rng, count = np.random.default_rng(seed), 0
-    for initializer in model.graph.initializer:
-        array = numpy_helper.to_array(initializer)
+    weights = [*model.graph.initializer]  # and the Constant nodes some exporters (Paddle2ONNX) keep weights in
+    weights += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+    for tensor in weights:
+        array = numpy_helper.to_array(tensor)
         if array.size >= WEIGHT_ELEMENTS and _weighty(array.dtype):
-            initializer.CopyFrom(numpy_helper.from_array(_noisy(array, sigma, rng), initializer.name))
+            tensor.CopyFrom(numpy_helper.from_array(_noisy(array, sigma, rng), tensor.name))
             count += 1
     onnx.save(model, str(path))
     return count
