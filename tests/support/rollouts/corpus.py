@@ -223,8 +223,19 @@ def fault_env(delay_file: Path) -> dict[str, str]:
 
 # --- rollouts onto real agents on the secure broker --------------------------------------------------------------
 # Shorter than the defaults so that a run fits CI (as tests/e2e/test_rollout_new_model_agents.py); the thresholds,
-# the guardrails, are the defaults.
+# the guardrails, are the defaults. The observe window is never shorter than a quiet device needs for the latency
+# samples a judgement needs (`min_requests`, 20) from its golden-set probes (the agent's default: one every 0.5 s,
+# after the last ended) at twice the model's build latency, up to the default 60 s: with 12 s, u2netp's probes (1.5 s
+# each on the loaded 2-core machine) brought 18 of 20 in 12 + 60 s and the wave failed "no data for latency".
 TIMING = {"baseline_s": 20.0, "observe_s": 12.0, "install_timeout_s": 240.0, "report_timeout_s": 60.0}
+PROBE_PERIOD_S, LATENCY_SAMPLES, DEFAULT_OBSERVE_S = 0.5, 20, 60.0
+
+
+def timing_for(manifest: Manifest) -> dict[str, float]:
+    """TIMING with the observe window this model's probes need (see TIMING)."""
+    build_s = (manifest.latency.median_ms / 1000) if manifest.latency else 0.0
+    needed = LATENCY_SAMPLES * (PROBE_PERIOD_S + 2 * build_s)
+    return {**TIMING, "observe_s": round(min(DEFAULT_OBSERVE_S, max(TIMING["observe_s"], needed)), 1)}
 
 
 def secure_agent(
@@ -262,7 +273,9 @@ class Outcome:
 
 def roll_out(store: Store, group: str, manifest: Manifest, *, timeout: float = 900.0) -> Outcome:
     """A rollout of `manifest` to `group` on the default guardrails (canary one device, then the rest), to its end."""
-    spec = make_spec(group=group, bundles=[bundle_ref(manifest)], canary="1", waves=["100%"], timing=TIMING)
+    spec = make_spec(
+        group=group, bundles=[bundle_ref(manifest)], canary="1", waves=["100%"], timing=timing_for(manifest)
+    )
     started = time.monotonic()
     doc = finished(store, prepare_rollout(store, spec).id, timeout=timeout)
     seconds = time.monotonic() - started
