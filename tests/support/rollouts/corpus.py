@@ -241,13 +241,18 @@ def timing_for(manifest: Manifest) -> dict[str, float]:
 def secure_agent(
     broker: SecureBroker, device: str, root: Path, trust: Path, group: str, env: dict[str, str] | None = None
 ) -> AgentProcess:
-    """A real agent process with its own certificate on the shipped secure Mosquitto, the host's profile, probes at
-    the agent's default rate, telemetry every 0.5 s."""
+    """A real agent process with its own certificate on the shipped secure Mosquitto, the host's profile, the agent's
+    default threads (the bundle's: the build timed it at the profile's 2) and probe rate, telemetry every 0.5 s. With
+    one thread (AgentProcess's), a compute-bound model ran 1.5-2x its 2-thread build while a small one did not, and
+    the previous bundle's device-to-build ratio held basic-pitch to ppocr-cls's (p50 176.8 ms, at least 124.5 ms at
+    99 % confidence, over the limit)."""
     tls = broker.pki.tls(device)
-    return AgentProcess(
+    agent = AgentProcess(
         device, root / device, broker=broker.url, trust=trust, profile=PROFILE, groups=(group,),
         telemetry_interval=0.5, env=env, extra=("--ca", tls.ca, "--cert", str(tls.cert), "--key", str(tls.key)),
-    ).start()  # fmt: skip
+    )  # fmt: skip
+    agent.cmd[agent.cmd.index("--threads") + 1] = "0"  # the agent's default
+    return agent.start()
 
 
 @dataclass
