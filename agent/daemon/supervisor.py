@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgefleet import __version__
 from edgefleet.agent.api import (
@@ -66,6 +67,9 @@ from edgefleet.core.mqtt.connection import Connection, Will
 from edgefleet.core.profiles import detect_explained, device_profiles
 from edgefleet.core.topics import Topics
 from edgefleet.core.trust.signing import TrustedKeys
+
+if TYPE_CHECKING:
+    from edgefleet.agent.quality.probe import Prober
 
 log = logging.getLogger(__name__)
 
@@ -318,15 +322,17 @@ class Agent:
             elif previous is not None:
                 self.service.remove(slot)
         if previous is not None:
-            threading.Thread(target=self._retire, args=(previous,), name=f"retire-{slot}", daemon=True).start()
+            prober = parts.quality.prober if parts is not None else None
+            threading.Thread(target=self._retire, args=(previous, prober), name=f"retire-{slot}", daemon=True).start()
 
-    def _retire(self, model: LoadedModel) -> None:
+    def _retire(self, model: LoadedModel, prober: Prober | None = None) -> None:
         """Close a replaced model once nothing uses it: its generations in flight first get the drain time (those
-        still running then are cut, and counted), its other requests up to 30 s."""
+        still running then are cut, and counted), its other requests and the slot's golden-set probe up to 30 s."""
         cut = model.drain(self.config.generation.drain_s)
         if cut:
             log.warning("%d generations on %s were cut after the drain", cut, model.bundle_id)
-        if self.service is None or self.service.wait_idle(model, 30):
+        probed = prober is None or prober.wait_idle(model, 30)
+        if probed and (self.service is None or self.service.wait_idle(model, 30)):
             model.close()
 
 

@@ -72,6 +72,8 @@ class Prober:
         self._stop = threading.Event()
         self._index = 0
         self._thread = threading.Thread(target=self._loop, name="probe", daemon=True)
+        self._busy = threading.Condition()
+        self._running: object | None = None  # the model a probe runs on now
 
     def start(self) -> Prober:
         if self.config.rate > 0:
@@ -88,9 +90,30 @@ class Prober:
             except Exception:  # probing must never take the agent down
                 log.exception("probe failed")
 
+    def wait_idle(self, model: object, timeout_s: float) -> bool:
+        """True once no probe runs on `model`: a model a swap replaced is closed only then (its session closed under
+        a probe in flight took the agent down: onnxruntime aborts the process)."""
+        deadline = time.monotonic() + timeout_s
+        with self._busy:
+            while self._running is model:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._busy.wait(left)
+        return True
+
     def probe_once(self) -> bool:
         """Run one golden sample when the device is quiet; True when it did."""
-        model = self._model()
+        with self._busy:  # the model and the mark that a probe runs on it, together: a swap sees one or the other
+            model = self._running = self._model()
+        try:
+            return self._probe(model)
+        finally:
+            with self._busy:
+                self._running = None
+                self._busy.notify_all()
+
+    def _probe(self, model: Probed | None) -> bool:
         if model is None or self._stats.live_within(self.config.idle_s) >= self.config.min_live:
             return False
         generative = getattr(model, "generative", None)

@@ -41,6 +41,8 @@ M = TypeVar("M", bound=Message)
 
 # Output, input and drift names (`name[c]` for a channel), error kinds: what ONNX graphs name tensors with.
 _NAME = re.compile(r"^[A-Za-z0-9_.:/\-\[\]]{1,128}$")
+# A task metric's name (edgefleet.converter.metrics): the name grammar and '@' for a threshold (mask-iou@0.5).
+_METRIC = re.compile(r"^[A-Za-z0-9_.:/\-\[\]@]{1,128}$")
 CPU_SLACK = 1.05  # psutil's process CPU over a short interval can read a little above 100 × cores
 
 
@@ -199,7 +201,8 @@ class Admission:
             _name("drift name", score.name)
         update: dict[str, Any] = {"provider": _text(t.provider, 128)}
         if t.golden_task is not None:
-            update["golden_task"] = t.golden_task.model_copy(update={"metric": _name("metric", t.golden_task.metric)})
+            metric = _name("metric", t.golden_task.metric, _METRIC)
+            update["golden_task"] = t.golden_task.model_copy(update={"metric": metric})
         if t.generation is not None:
             _generation(t.generation)
         if t.shadow is not None:
@@ -222,10 +225,13 @@ def _segment(kind: str, value: str | None) -> None:
         raise AdmissionError(str(err)[:300]) from err
 
 
-def _name(kind: str, value: str) -> str:
-    if not _NAME.match(value):
+def _name(kind: str, value: str, grammar: re.Pattern[str] = _NAME) -> str:
+    if not grammar.match(value):
         shown = value[:40].encode("unicode_escape").decode("ascii")
-        raise AdmissionError(f"invalid {kind} {shown!r}: use 1-128 letters, digits, '_', '.', ':', '/', '-', '[', ']'")
+        also = ", '@'" if grammar is _METRIC else ""
+        raise AdmissionError(
+            f"invalid {kind} {shown!r}: use 1-128 letters, digits, '_', '.', ':', '/', '-', '[', ']'{also}"
+        )
     return value
 
 

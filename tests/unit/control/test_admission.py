@@ -12,6 +12,7 @@ from edgefleet.core.messages import (
     DriftScore,
     Event,
     GenerationStats,
+    GoldenTask,
     Hardware,
     LatencySummary,
     MessageError,
@@ -76,9 +77,10 @@ def test_an_over_budget_device_raises_one_alert_a_minute() -> None:
                       hardware=Hardware(arch="x", os="y", cpu_count=1, memory_mb=1, hostname="evil\x1b[2J")),
          "invalid hostname"),
         (Event(device_id="d1", kind="committed", bundle_id="b b"), "invalid bundle id"),
+        (report(golden_task=GoldenTask(metric="mask-iou@0.5\nFORGED", computable=True)), "invalid metric"),
     ],
     ids=["path-bundle", "newline-bundle", "newline-output", "long-error-kind", "many-error-kinds", "drift-name",
-         "slash-group", "long-bundle", "slot-twice", "escape-hostname", "event-bundle"],
+         "slash-group", "long-bundle", "slot-twice", "escape-hostname", "event-bundle", "newline-metric"],
 )  # fmt: skip
 def test_an_identifier_that_breaks_its_grammar_refuses_the_message(message: object, reason: str) -> None:
     with pytest.raises(AdmissionError, match=reason):
@@ -100,6 +102,15 @@ def test_free_text_is_cut_never_refused_and_what_is_valid_passes_unchanged() -> 
     good = report(golden_scores=scores, drift=[DriftScore(name="input[2]", kind="input", psi=0.1, band="none",
                                                           samples=10)])  # fmt: skip
     assert gate.admit(good) == good
+
+
+@pytest.mark.parametrize("metric", ["argmax-agreement", "mask-iou@0.5", "mask-iou-mae@0.3", "top5", "metrics.py:f1"])
+def test_every_task_metric_the_converter_names_passes_in_a_golden_report(metric: str) -> None:
+    """The task metric a device reports with its golden figures is the converter's name for it: a threshold metric
+    (u2netp's mask-iou@0.5) refused every report of a device serving it, and its rollout timed out on "0 telemetry
+    reports" (bench/rollout_corpus.py found it)."""
+    good = report(golden_task=GoldenTask(metric=metric, computable=True, score=1.0, floor=0.95))
+    assert Admission().admit(good) == good
 
 
 @pytest.mark.parametrize(
