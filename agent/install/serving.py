@@ -44,6 +44,7 @@ class SlotServing:
         self._model: LoadedModel | None = None
         self._state: DeviceState = "starting"
         self._last_error: str | None = None
+        self.agent_update: Callable[[], str | None] = lambda: None  # the agent's own update (agent/release/)
         self._refused: str | None = None
         self.memory_mb: float | None = None  # measured when the model loaded (agent/install/admission.py)
         self.threads = 0  # the intra-op threads its model was given (0: the runtime's)
@@ -239,6 +240,7 @@ class DeviceServing:
             memory_free_mb=self._memory_free_mb(),
             desired_stale=self.desired.stale_any(),
             native_code=native_code.loads(),
+            agent_update=self.agent_update(),
         )
 
     def _removed(self, slot: SlotServing) -> bool:
