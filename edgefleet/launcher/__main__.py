@@ -12,7 +12,7 @@ from types import FrameType
 from edgefleet.launcher.process import Launcher
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet-launcher",
         description="Run the edgefleet agent, and switch it to a staged agent release under a health deadline.",
@@ -24,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent-python", default=sys.executable,
                         help="the interpreter of the base install (default: this one)")  # fmt: skip
     parser.add_argument("agent_args", nargs=argparse.REMAINDER, help="-- then the `edgefleet agent` arguments")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     agent_args = args.agent_args[1:] if args.agent_args[:1] == ["--"] else args.agent_args
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(message)s")
     launcher = Launcher(

@@ -36,6 +36,7 @@ from edgefleet.core.launcher_files import (
     read_state,
     write_json,
 )
+from edgefleet.launcher.notify import NotifyRelay
 from edgefleet.launcher.state import (
     Environment,
     LauncherState,
@@ -59,22 +60,26 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks (/proc/PID/stat field 22): a recycled pid has another."""
+    """The process's start time in clock ticks (/proc/PID/stat field 22): a recycled pid has another. None when
+    there is no such process, or only its zombie (dead, not yet reaped)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 class Child:
     """One agent process; its output copied to ours, the last lines kept."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path) -> None:
         self.started = time.monotonic()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        # In the state directory: `python -m` puts the working directory first on the path, and a checkout there
+        # would shadow the environment's own edgefleet.
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_die_with_parent
         )
         self._reader = threading.Thread(target=self._copy, name="agent-output", daemon=True)
         self._reader.start()
@@ -136,6 +141,7 @@ class Launcher:
         self.deadline_s, self.stop_timeout_s, self.poll_s = deadline_s, stop_timeout_s, poll_s
         self.stopping = threading.Event()
         self._backoff = 1.0
+        self.relay: NotifyRelay | None = None
 
     # --- state on disk (written whole before it is acted on)
     def load(self) -> LauncherState:
@@ -147,6 +153,7 @@ class Launcher:
     # --- the loop
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.relay = NotifyRelay(self.dir)
         self._end_stray()
         state = self.load()
         if state.trial is not None:
@@ -172,15 +179,23 @@ class Launcher:
 
     def _spawn(self, env: Environment, *, token: str | None) -> Child:
         cmd = [env.python, "-m", "edgefleet", "agent", "--state-dir", str(self.state_dir), *self.agent_args]
-        environ = {k: v for k, v in os.environ.items() if k != ENV_TRIAL}
+        environ = {k: v for k, v in os.environ.items() if k not in (ENV_TRIAL, "NOTIFY_SOCKET", "WATCHDOG_PID")}
+        environ.pop("WATCHDOG_USEC", None)
+        if self.relay is not None:
+            environ.update(self.relay.child_env())
+            self.relay.child_started()
         environ[ENV_LAUNCHER] = str(self.dir)
         if token is not None:
             environ[ENV_TRIAL] = token
-        child = Child(cmd, environ)
+        child = Child(cmd, environ, self.state_dir)
         write_json(self.dir / CHILD_NAME, {"pid": child.pid, "start_time": _start_time(child.pid)})
         log.info("started agent %s (pid %d)%s", env.version or "(base install)", child.pid,
                  " on trial" if token else "")  # fmt: skip
         return child
+
+    def _cover(self, *, always: bool = False) -> None:
+        if self.relay is not None:
+            self.relay.cover(always=always)
 
     def _end_stray(self) -> None:
         """An agent the last launcher left running (it was killed with -9 where no death signal reached it)."""
@@ -202,6 +217,7 @@ class Launcher:
     def _serve(self, state: LauncherState, child: Child) -> tuple[LauncherState, Child | None]:
         """The committed agent runs until a hand-over request starts a trial, it exits, or the launcher stops."""
         while not self.stopping.wait(self.poll_s):
+            self._cover()
             request = read_request(self.dir)
             if request is not None:
                 started = self._take_request(state, request, child)
@@ -213,7 +229,9 @@ class Launcher:
                 self._backoff = 1.0 if lived > 60 else min(MAX_BACKOFF_S, self._backoff * 2)
                 log.error("agent exited with code %s (%s); starting it again in %g s", code, child.last_error(),
                           self._backoff)  # fmt: skip
-                self.stopping.wait(self._backoff)
+                until = time.monotonic() + self._backoff
+                while time.monotonic() < until and not self.stopping.wait(min(self.poll_s, self._backoff)):
+                    self._cover(always=True)  # no agent runs: the launcher answers for the restart
                 return state, None
         return state, child
 
@@ -253,6 +271,7 @@ class Launcher:
         deadline = time.monotonic() + self.deadline_s
         report = health_path(self.dir, trial.token)
         while True:
+            self._cover(always=True)
             if self.stopping.wait(self.poll_s):
                 child.stop(self.stop_timeout_s)  # the trial stays on disk: the next start resumes it
                 return state, None

@@ -81,3 +81,21 @@ def test_the_launcher_loads_no_third_party_module() -> None:
         "print(bad); assert not bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_shipped_unit_runs_the_launcher_with_agent_arguments_the_cli_accepts() -> None:
+    import shlex
+
+    from edgefleet.cli.main import build_parser as cli_parser
+    from edgefleet.launcher.__main__ import build_parser
+
+    unit = (Path(__file__).parents[3] / "deploy" / "fleet" / "systemd" / "edgefleet-agent.service").read_text()
+    lines = unit.split("ExecStart=", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
+    words = [w for w in shlex.split(lines) if w != "$EDGEFLEET_AGENT_ARGS"]
+    assert words[0].endswith("/edgefleet-launcher")
+    launcher = build_parser().parse_args(words[1:])
+    assert launcher.state_dir == Path("/var/lib/edgefleet") and launcher.deadline == 300
+    agent_args = [w.replace("${EDGEFLEET_BROKER}", "mqtts://b:8883").replace("${EDGEFLEET_DEVICE_ID}", "dev-1")
+                  for w in launcher.agent_args[1:]]  # fmt: skip
+    args = cli_parser().parse_args(["agent", "--state-dir", str(launcher.state_dir), *agent_args])
+    assert (args.command, args.device_id, args.broker) == ("agent", "dev-1", "mqtts://b:8883")
