@@ -44,7 +44,6 @@ class SlotServing:
         self._model: LoadedModel | None = None
         self._state: DeviceState = "starting"
         self._last_error: str | None = None
-        self.agent_update: Callable[[], str | None] = lambda: None  # the agent's own update (agent/release/)
         self._refused: str | None = None
         self.memory_mb: float | None = None  # measured when the model loaded (agent/install/admission.py)
         self.threads = 0  # the intra-op threads its model was given (0: the runtime's)
@@ -159,6 +158,7 @@ class DeviceServing:
         self._slots: dict[str, SlotServing] = {}
         self._state: DeviceState = "starting"
         self._last_error: str | None = None
+        self.agent_update: Callable[[], str | None] = lambda: None  # the agent's own update (agent/release/)
 
     def add(self, slot: str, on_swap: Swap) -> SlotServing:
         """The slot named `slot` (made on first use)."""
