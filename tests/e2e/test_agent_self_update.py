@@ -11,7 +11,8 @@ status was acknowledged. Then:
 - `kill -9` of the new agent during dc-2's switch to 0.4.0: rolled back, 0.2.0 serves;
 - `kill -9` of the launcher during dc-1's switch to 0.4.0: the next launcher (what systemd would start) ends nothing
   twice, resumes the trial and commits 0.4.0.
-After every step the device answers an inference request with its bundle.
+After every step the device answers an inference request with its bundle, and at the end `fleet status`'s rows show
+each device's agent version and its last update.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 from edgefleet.control.credentials.keyring import HostKeys
 from edgefleet.control.desired.signing import publish_desired
 from edgefleet.control.fleet.remote import RemoteModel
+from edgefleet.control.fleet.status import FleetView
 from edgefleet.control.publish.publisher import publish_bundle
 from edgefleet.control.publish.release import publish_release
 from edgefleet.control.rights.deploy import grant_deploy
@@ -102,14 +104,18 @@ def _answers(host: Connection, device: str, bundle_id: str) -> None:
     assert answer.ok and answer.bundle_id == bundle_id, answer
 
 
-def _trial_running(device_dir: Path, release_id: str) -> dict[str, object]:
-    """Wait until the launcher runs `release_id` on trial; its agent's pid (the launcher's child record)."""
+def _child(device_dir: Path) -> dict[str, object]:
+    return read_json(launcher_dir(device_dir) / "child.json") or {}
+
+
+def _trial_running(device_dir: Path, release_id: str, before: dict[str, object]) -> dict[str, object]:
+    """Wait until the launcher runs `release_id` on trial in a new agent process (`before`: the child record of the
+    agent that ran before); that agent's record."""
     deadline = time.monotonic() + SWITCH_S
     while time.monotonic() < deadline:
         state = read_state(launcher_dir(device_dir)) or {}
-        trial = state.get("trial")
-        child = read_json(launcher_dir(device_dir) / "child.json")
-        if isinstance(trial, dict) and trial.get("release_id") == release_id and child:
+        trial, child = state.get("trial"), _child(device_dir)
+        if isinstance(trial, dict) and trial.get("release_id") == release_id and child and child != before:
             return child
         time.sleep(0.05)
     raise AssertionError(f"{device_dir.name} never started {release_id} on trial")
@@ -172,8 +178,9 @@ def test_agents_update_themselves_roll_back_a_broken_release_and_survive_kill_9(
         # 3. kill -9 of the new agent during dc-2's switch to 0.4.0: rolled back, 0.2.0 serves again.
         mark = len(watcher.events)
         _, v4, _ = publish_release(host, TOPICS, releases["0.4.0"], keys=host_keys)
+        before = _child(tmp_path / "dc-2")
         _want(host, host_keys, manifest_json, "dc-2", releases["0.4.0"])
-        child = _trial_running(tmp_path / "dc-2", v4.release_id)
+        child = _trial_running(tmp_path / "dc-2", v4.release_id, before)
         os.kill(int(child["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
         rolled = _event(watcher, "dc-2", "agent-rolled-back", v4.release_id, mark)
         assert "exited with code -9" in rolled.detail, rolled.detail
@@ -182,8 +189,9 @@ def test_agents_update_themselves_roll_back_a_broken_release_and_survive_kill_9(
 
         # 4. kill -9 of the launcher during dc-1's switch to 0.4.0: the next launcher resumes the trial and commits.
         mark = len(watcher.events)
+        before = _child(tmp_path / "dc-1")
         _want(host, host_keys, manifest_json, "dc-1", releases["0.4.0"])
-        child = _trial_running(tmp_path / "dc-1", v4.release_id)
+        child = _trial_running(tmp_path / "dc-1", v4.release_id, before)
         launchers["dc-1"].kill9()
         deadline = time.monotonic() + 10
         while _alive(int(child["pid"])) and time.monotonic() < deadline:  # type: ignore[call-overload]
@@ -196,6 +204,17 @@ def test_agents_update_themselves_roll_back_a_broken_release_and_survive_kill_9(
         state = read_state(launcher_dir(tmp_path / "dc-1")) or {}
         assert state["committed"]["version"] == "0.4.0" and state["previous"]["version"] == "0.2.0"
         assert state["outcomes"][-1]["reason"] == "passed its health gate (attempt 2)"
+
+        # `fleet status` shows each device's agent version and its last update.
+        view = FleetView(host, TOPICS)
+        wanted = {"dc-1": "0.4.0", "dc-2": "0.2.0"}
+        rows = watcher.wait_for(
+            "fleet status rows with each device's agent version",
+            lambda: (r := {row.device_id: row for row in view.rows()}) and
+            {d: row.agent_version for d, row in r.items()} == wanted and r,
+            30,
+        )  # fmt: skip
+        assert "rolled back" in (rows["dc-2"].agent_update or "") and "committed" in (rows["dc-1"].agent_update or "")
     finally:
         for launcher in launchers.values():
             launcher.stop()
