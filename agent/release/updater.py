@@ -99,14 +99,17 @@ class ReleaseUpdater:
 
     # --- the thread
     def run(self, stop: threading.Event) -> None:
-        self.report_outcomes()
+        """Until `stop`: report the launcher's decisions, and bring the agent to the release the documents name."""
+        first = True
         while not stop.is_set():
-            with contextlib.suppress(queue.Empty):
-                self._wake.get(timeout=POLL_S)
+            if not first:
+                with contextlib.suppress(queue.Empty):
+                    self._wake.get(timeout=POLL_S)
+            first = False
             if stop.is_set():
                 return
-            self.report_outcomes()
             try:
+                self.report_outcomes()
                 self.reconcile()
             except (BrokerError, TransferError, OSError) as err:  # transient: the next wake or poll tries again
                 self._set_status(f"agent release not fetched yet: {err}")
