@@ -91,7 +91,10 @@ def _ran(state: Path) -> list[str]:
     return log.read_text().split("\n")[:-1] if log.exists() else []
 
 
-def test_a_release_that_never_reports_is_rolled_back_at_its_deadline(tmp_path: Path, launcher) -> None:  # type: ignore[no-untyped-def]
+Start = Callable[[str], "subprocess.Popen[bytes]"]
+
+
+def test_a_release_that_never_reports_is_rolled_back_at_its_deadline(tmp_path: Path, launcher: Start) -> None:
     proc = launcher("healthy")
     state = tmp_path / "state"
     _wait("the base agent", lambda: len(_ran(state)) == 1)
@@ -111,8 +114,7 @@ def test_a_release_that_never_reports_is_rolled_back_at_its_deadline(tmp_path: P
 
 
 def test_a_release_that_reports_is_committed_and_a_dying_committed_agent_is_restarted(
-    tmp_path: Path,
-    launcher,  # type: ignore[no-untyped-def]
+    tmp_path: Path, launcher: Start
 ) -> None:
     launcher("healthy")
     state = tmp_path / "state"
