@@ -28,6 +28,12 @@ if behaviour == "healthy" and token:
     sys.path.insert(0, REPO)
     from edgefleet.core.launcher_files import write_health
     write_health(Path(os.environ["EDGEFLEET_LAUNCHER"]), token, {"version": "test"})
+if behaviour == "notifies":
+    import socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(os.environ["NOTIFY_SOCKET"])
+        watchdog = f"{os.environ.get('WATCHDOG_USEC')} {os.environ.get('WATCHDOG_PID')}"
+        sock.sendall(f"READY=1\\nSTATUS=agent {watchdog}".encode())
 if behaviour == "dies":
     time.sleep(0.5)
     sys.exit(3)
@@ -67,7 +73,7 @@ def launcher(tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]
     script.write_text(AGENT.replace("REPO", repr(str(Path(__file__).parents[3]))))
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(base_behaviour: str) -> subprocess.Popen[bytes]:
+    def start(base_behaviour: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         state = tmp_path / "state"
         state.mkdir(exist_ok=True)
         base = _python(tmp_path / "base" / "bin" / "python", script, base_behaviour)
@@ -75,6 +81,7 @@ def launcher(tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]
             [sys.executable, "-m", "edgefleet.launcher", "--state-dir", str(state), "--deadline", "3",
              "--stop-timeout", "5", "--agent-python", str(base), "--"],
             stdout=(tmp_path / "launcher.log").open("ab"), stderr=subprocess.STDOUT, cwd=state,
+            env={**os.environ, **(env or {})},
         )  # fmt: skip
         started.append(proc)
         return proc
@@ -91,7 +98,7 @@ def _ran(state: Path) -> list[str]:
     return log.read_text().split("\n")[:-1] if log.exists() else []
 
 
-Start = Callable[[str], "subprocess.Popen[bytes]"]
+Start = Callable[..., "subprocess.Popen[bytes]"]
 
 
 def test_a_release_that_never_reports_is_rolled_back_at_its_deadline(tmp_path: Path, launcher: Start) -> None:
@@ -128,3 +135,25 @@ def test_a_release_that_reports_is_committed_and_a_dying_committed_agent_is_rest
     os.kill(int(_ran(state)[-1].split()[1]), 9)
     _wait("two restarts of the committed agent", lambda: [r.split()[0] for r in _ran(state)].count("dies") >= 2)
     assert read_state(launcher_dir(state))["committed"]["version"] == "9.1"  # type: ignore[index]
+
+
+def test_under_systemd_the_launcher_relays_its_agents_notifications_and_pings_for_a_trial(
+    tmp_path: Path, launcher: Start
+) -> None:
+    """The shipped unit is Type=notify with WatchdogSec: systemd hears only the launcher (its main process), so the
+    launcher passes its agent a socket of its own and forwards READY=1; during a trial it pings the watchdog itself."""
+    import socket
+
+    systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    systemd.bind(str(tmp_path / "systemd.sock"))
+    systemd.settimeout(30)
+    launcher("notifies", {"NOTIFY_SOCKET": str(tmp_path / "systemd.sock"), "WATCHDOG_USEC": "2000000"})
+    ready = systemd.recv(4096).decode()
+    assert ready.startswith("READY=1") and "STATUS=agent 2000000 None" in ready  # the agent's, with the watchdog
+    state = tmp_path / "state"
+    python = _env(state, tmp_path / "agent.py", "9.2", "hang")
+    write_request(launcher_dir(state), release_id="r-9.2", version="9.2", python=str(python))
+    _wait("the trial", lambda: (s := read_state(launcher_dir(state))) and s.get("trial"))
+    pings = [systemd.recv(4096) for _ in range(3)]  # the hanging release says nothing; the launcher pings for it
+    assert pings == [b"WATCHDOG=1"] * 3
+    systemd.close()
