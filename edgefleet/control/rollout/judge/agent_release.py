@@ -51,8 +51,9 @@ class AgentVerdict:
 
 
 def _names(event: EventRecord, release_id: str) -> bool:
-    """Whether a device event is about this release (the agent writes `RELEASE_ID (agent V) ...`)."""
-    return event.detail == release_id or event.detail.startswith((f"{release_id} ", f"{release_id}:"))
+    """Whether a device event is about this release: the launcher's outcomes read `RELEASE_ID (agent V) ...`, the
+    agent's refusals `agent release RELEASE_ID: why` (agent/release/updater.py)."""
+    return event.detail.startswith((f"{release_id} ", f"agent release {release_id}:"))
 
 
 def agent_install(

@@ -179,3 +179,13 @@ def test_a_canary_that_never_commits_times_out_and_one_that_left_the_version_fai
         elapsed_s=20.0, observe_s=60.0, report_timeout_s=60.0, min_reports=2,
     )  # fmt: skip
     assert (verdict.state, verdict.reason) == ("failed", "left agent 0.2.0: now runs 0.1.0")
+
+
+def test_a_canary_that_refuses_the_release_fails_with_the_agents_reason(store: Store) -> None:
+    canary_before_update(store, "dc-1")
+    report_event(store, "dc-1", 7, DEPLOYED + 5, "refused", "agent release other-release: not this one")
+    assert judge(store, "dc-1", DEPLOYED + 6)[0].state == "waiting", "another release's refusal is not this one's"
+    why = f"agent release {RELEASE}: version 0.2.0 is at or below this device's agent floor 0.2.0"
+    report_event(store, "dc-1", 8, DEPLOYED + 10, "refused", why)
+    install, verdict = judge(store, "dc-1", DEPLOYED + 11)
+    assert (install.state, verdict.state, verdict.reason) == ("failed", "failed", f"refused: {why}")
