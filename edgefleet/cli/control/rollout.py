@@ -231,6 +231,12 @@ def _start_agent_release(args: argparse.Namespace) -> None:
         print(f"follow it with: edgefleet rollout status {doc.id}")
 
 
+def _shipped(doc: RolloutDoc) -> str:
+    """What a rollout ships, for its row: its bundles, or its agent release."""
+    release = doc.spec.agent_release
+    return f"agent {release.release_id}" if release else ", ".join(b.bundle_id for b in doc.spec.bundles)
+
+
 def _record_published(args: argparse.Namespace, store: Any, bundles: list[Path], manifests: list[Any]) -> None:
     """`--no-publish`: the bundles are on the broker already; record what the store lacks of them (the record and
     the facts its rollouts weigh device reports against), from the files and the retained signed offers."""
@@ -281,7 +287,7 @@ def cmd_rollout_list(args: argparse.Namespace) -> None:
         f"rollouts ({len(docs)} of {len(rows)})",
         ["rollout", "state", "group", "bundles", "started", "wave", "devices", "rollback", "outcome"],
         [
-            (d.id, d.state, d.spec.group, ", ".join(b.bundle_id for b in d.spec.bundles),
+            (d.id, d.state, d.spec.group, _shipped(d),
              time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)), f"{d.current_wave + 1}/{len(d.waves)}",
              _counts(d.counts()), "yes" if can_roll_back(d) else "", safe_text(d.outcome, 200))
             for d in docs
@@ -371,7 +377,7 @@ def _status(args: argparse.Namespace) -> None:
             f"rollouts (engine {engine})",
             ["rollout", "state", "group", "bundles", "wave", "devices", "outcome"],
             [
-                (d.id, d.state, d.spec.group, ", ".join(b.bundle_id for b in d.spec.bundles),
+                (d.id, d.state, d.spec.group, _shipped(d),
                  f"{d.current_wave + 1}/{len(d.waves)}", _counts(d.counts()), d.outcome)
                 for d in docs
             ],

@@ -76,6 +76,8 @@ def test_rollout_start_publishes_the_release_plans_its_waves_and_is_audited(
         )  # fmt: skip
     finally:
         store.close()
+    assert cli(["rollout", "list", "--store", url]) == 0
+    assert f"agent {offer.release_id}" in capsys.readouterr().out, "the list says what the rollout ships"
 
 
 def test_rollout_start_refuses_an_agent_release_with_bundles_or_nothing_to_roll_out(
