@@ -74,6 +74,14 @@ class AgentConfig(BaseModel):
     def _groups(cls, value: list[str]) -> list[str]:
         return [check_segment("group", g) for g in value]
 
+    launcher: Path | None = Field(
+        default=None, description="the launcher's directory when edgefleet-launcher started this agent (its env)"
+    )
+    trial_token: str | None = Field(
+        default=None, description="set while this agent is a release on trial: its health report carries it"
+    )
+    max_release_mb: float = Field(default=512.0, gt=0, description="the largest agent release this device fetches")
+
     selection: Policy = Field(default_factory=Policy, description="how the execution provider is chosen")
     http: ServiceConfig | None = Field(
         default_factory=ServiceConfig, description="the local inference API; None turns it off"

@@ -56,6 +56,7 @@ from edgefleet.agent.install import (
 )
 from edgefleet.agent.install.installer import fetch_candidate
 from edgefleet.agent.quality import FieldAccuracy
+from edgefleet.agent.release import HealthGate, ReleaseUpdater
 from edgefleet.agent.runtime import BenchmarkService, LoadedModel, RuntimeOptions
 from edgefleet.agent.schedule.gate import ComputeGate
 from edgefleet.agent.telemetry import Reporter, RequestStats, ResourceSampler, Spool
@@ -147,6 +148,14 @@ class Agent:
         self.metrics = ServiceMetrics()  # the local API's, and the model failures of generations over MQTT
         self.generation = GenerationParts.build(config.generation, self.stats, self.metrics).with_compute(self.compute)
         self.mqtt_generation = MqttGeneration(self.conn, self.topics, cid, self._served, self.generation)
+        # The agent's own update (agent/release/): a release named by the signed desired state, handed to the launcher.
+        self.release = ReleaseUpdater(
+            self.install_context, self.desired, self.reporter, config.state_dir, config.launcher,
+            on_change=self._publish_status_soon, retry_delay_s=config.retry_delay_s,
+            max_release_bytes=int(config.max_release_mb * 2**20),
+        )  # fmt: skip
+        self.serving.agent_update = self.release.status_text
+        self.gate: HealthGate | None = None
         self.heartbeat = Heartbeat(
             interval_s=config.telemetry_interval_s, reporter=self.reporter, serving=self.serving, slots=self.slots,
             desired=self.desired, refusals=self.refusals, generations=self.stats, resources=ResourceSampler(),
@@ -160,6 +169,10 @@ class Agent:
         removed = store.clean_incomplete()
         if removed:
             log.info("removed incomplete installs left by a crash: %s", ", ".join(removed))
+        if self.config.trial_token and self.config.launcher:  # on trial: the gate is what committed at start
+            committed = {s: b for s in store.slots() if (b := store.for_slot(s).load_state().committed)}
+            self.gate = HealthGate(self.config.launcher, self.config.trial_token, committed, self.serving,
+                                   lambda: self.conn.connected)  # fmt: skip
         self.slots.restore()
         if self.config.http is not None:
             self._start_service(self.config.http)
@@ -182,9 +195,12 @@ class Agent:
             threading.Thread(target=self.mqtt.run, args=(self._stop,), name="inference", daemon=True),
             threading.Thread(target=self.heartbeat.run, args=(self._stop,), name="telemetry", daemon=True),
             threading.Thread(target=self.reporter.run_flush, args=(self._stop,), name="spool-flush", daemon=True),
+            threading.Thread(target=self.release.run, args=(self._stop,), name="agent-release", daemon=True),
         ]
         for thread in threads:
             thread.start()
+        if self.gate is not None:  # ends once it reported: not one of the supervised threads
+            threading.Thread(target=self.gate.run, args=(self._stop,), name="health-gate", daemon=True).start()
         self.mqtt_generation.start()
         # Ready once serving locally: waiting for the broker would turn a broker outage into a restart loop.
         watchdog.ready(self.serving.state)
@@ -241,6 +257,13 @@ class Agent:
         self.serving.publish_status()
         self.reporter.wake()
         self.slots.reconcile()
+        self.release.wake()
+
+    def _publish_status_soon(self) -> None:
+        """The agent-release thread's news (its status line changed): the retained status says it now."""
+        if self.conn.connected:
+            with contextlib.suppress(BrokerError):
+                self.serving.publish_status()
 
     def _on_group_desired(self, topic: str, payload: bytes, retained: bool) -> None:
         self._on_desired(topic, payload, topic.split("/")[-3])
@@ -269,6 +292,7 @@ class Agent:
                 log.info("slot %s (%s): class %s, was %s", slot, model.manifest.model_name, now, before)
                 self.serving.publish_status()
         self.slots.reconcile()  # this slot's document; a removal may also let a refused slot fit
+        self.release.wake()  # any slot's document may name an agent release
 
     def _classify(self, slot: str, model: LoadedModel) -> None:
         """The scheduler's class for the slot's model (the gate keys steps by model name), as the slot's desired

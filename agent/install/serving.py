@@ -158,6 +158,7 @@ class DeviceServing:
         self._slots: dict[str, SlotServing] = {}
         self._state: DeviceState = "starting"
         self._last_error: str | None = None
+        self.agent_update: Callable[[], str | None] = lambda: None  # the agent's own update (agent/release/)
 
     def add(self, slot: str, on_swap: Swap) -> SlotServing:
         """The slot named `slot` (made on first use)."""
@@ -239,6 +240,7 @@ class DeviceServing:
             memory_free_mb=self._memory_free_mb(),
             desired_stale=self.desired.stale_any(),
             native_code=native_code.loads(),
+            agent_update=self.agent_update(),
         )
 
     def _removed(self, slot: SlotServing) -> bool:

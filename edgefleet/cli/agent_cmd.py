@@ -17,6 +17,7 @@ from edgefleet.agent.runtime import Policy
 from edgefleet.agent.schedule import BatchingConfig
 from edgefleet.cli.common import add_tls, resolve
 from edgefleet.core.errors import UserInputError
+from edgefleet.core.launcher_files import ENV_LAUNCHER, ENV_TRIAL
 from edgefleet.core.topics import DEFAULT_PREFIX
 
 
@@ -173,7 +174,10 @@ def cmd_agent(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace) -> AgentConfig:
+    launcher = os.environ.get(ENV_LAUNCHER)
     return AgentConfig(
+        launcher=Path(launcher) if launcher else None,
+        trial_token=os.environ.get(ENV_TRIAL) or None,
         broker=args.broker,
         device_id=args.device_id,
         state_dir=args.state_dir,

@@ -16,6 +16,9 @@ from edgefleet.core.transfer.blocks import DEFAULT_BLOCK_SIZE
 if TYPE_CHECKING:
     from edgefleet.control.fleet.quality_view import QualityRow
     from edgefleet.control.fleet.status import DeviceRow
+    from edgefleet.core.messages import AgentRelease
+    from edgefleet.core.mqtt.connection import Connection
+    from edgefleet.core.topics import Topics
 
 # Host modules are imported inside the commands, so `edgefleet agent` on a device never loads them.
 
@@ -62,6 +65,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     dep.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     dep.add_argument("--layout", choices=("chunks", "blocks"), default="chunks", help=LAYOUT_HELP)
+    dep.add_argument(
+        "--agent-release", type=Path, metavar="FILE",
+        help="also publish this agent release (`edgefleet release build`) and name it in the signed desired state: "
+        "the devices update their agent, under their launcher's health gate (docs/agent.md)",
+    )  # fmt: skip
+    dep.add_argument(
+        "--agent-downgrade", action="store_true",
+        help="allow the devices to go back to this (older) agent release: the document names it exactly",
+    )  # fmt: skip
     dep.add_argument(
         "--broker-rights", choices=["auto", "dynsec", "none"], default="auto",
         help="grant the devices read rights on the bundle first (dynsec: Mosquitto's plugin; auto: when it answers)",
@@ -139,13 +151,15 @@ def cmd_deploy(args: argparse.Namespace) -> None:
     readable_bundle(args.bundle)
     conn, topics = connect(args, "deploy")
     try:
+        agent_release = _publish_agent_release(conn, topics, args) if args.agent_release else None
         manifest, _ = publish_bundle(conn, topics, args.bundle, block_size=args.block_size, layout=args.layout)
         rights = grant_deploy(  # before any device hears of the bundle (broker_rights_deploy.py)
             conn, topics, manifest.bundle_id, devices=args.device, groups=args.group, mode=args.broker_rights,
             slot=args.slot,
         )  # fmt: skip
         desired = deploy(conn, topics, manifest, devices=args.device, groups=args.group, rollback=args.rollback,
-                         max_bytes_per_s=args.max_bytes_per_s, slot=args.slot)  # fmt: skip
+                         max_bytes_per_s=args.max_bytes_per_s, slot=args.slot,
+                         agent_release=agent_release)  # fmt: skip
     finally:
         conn.stop()
     if args.json:
@@ -168,6 +182,7 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
             "online",
             "state",
             "profile",
+            "agent",
             "bundle",
             "provider",
             "verified",
@@ -187,6 +202,7 @@ def fleet_table(rows: list[DeviceRow], title: str = "fleet") -> None:
                 "yes" if r.online else "no",
                 r.state,
                 r.profile,
+                r.agent_version,
                 r.bundle,
                 r.provider,
                 "yes" if r.verified else "no",
@@ -230,6 +246,16 @@ def quality_table(rows: list[tuple[str, QualityRow]]) -> None:
     if any_quality(q for _, q in rows):
         print_table("model quality", ["device", "golden (worst output)", "field accuracy", "drift (worst)",
                                       "shadow vs served"], [(d, *quality_cells(q)) for d, q in rows])  # fmt: skip
+
+
+def _publish_agent_release(conn: Connection, topics: Topics, args: argparse.Namespace) -> AgentRelease:
+    """Publish the agent release file and the reference the desired documents carry."""
+    from edgefleet.control.publish.release import publish_release
+    from edgefleet.core.messages import AgentRelease
+
+    manifest, _, _ = publish_release(conn, topics, args.agent_release)
+    downgrade = manifest.release_id if args.agent_downgrade else None
+    return AgentRelease(release_id=manifest.release_id, version=manifest.version, allow_downgrade_to=downgrade)
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> None:

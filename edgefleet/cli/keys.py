@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     dele = verb("delegate", "sign a new key set (version + 1) naming the current bundle and ops keys", cmd_delegate)
     dele.add_argument("--days", type=float, default=365.0, help="key set lifetime")
     rot = verb("rotate", "replace a role key; the new key set reaches devices in the next offer/desired", cmd_rotate)
-    rot.add_argument("--role", choices=["bundle", "ops"], required=True)
+    rot.add_argument("--role", choices=["bundle", "ops", "release"], required=True)
     rot.add_argument("--days", type=float, default=365.0, help="key set lifetime")
     rev = verb("revoke", "never trust a key id again (a current role key is rotated in the same step)", cmd_revoke)
     rev.add_argument("key_id")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from edgefleet import __version__
-from edgefleet.cli import agent_cmd, bundles, demo_cmd, fleet_cmd, inspect_cmd, keys, profiles_cmd
+from edgefleet.cli import agent_cmd, bundles, demo_cmd, fleet_cmd, inspect_cmd, keys, profiles_cmd, release_cmd
 from edgefleet.cli.common import Parser, apply_home, selected_context
 from edgefleet.cli.context import CONFIG_ENV, CONTEXT_ENV
 from edgefleet.cli.control import desired as desired_cmd
@@ -28,6 +28,7 @@ COMMANDS = (
     inspect_cmd,
     convert_cmd,
     bundles,
+    release_cmd,
     fleet_cmd,
     control_cmd,
     registry_cmd,

@@ -137,8 +137,9 @@ def check_rollout(store: Store, spec: RolloutSpec) -> None:
 def start_rollout(store: Store, who: Operator, spec: RolloutSpec) -> RolloutDoc:
     """Plan and save a rollout; the engine (the control plane holding the lease) drives it from there."""
     bundles = [b.bundle_id for b in spec.bundles]
+    release = {"agent_release": spec.agent_release.release_id} if spec.agent_release else {}
     with audited(store, who, "rollout.start", spec.group, bundles=bundles, canary=spec.canary,
-                 waves=list(spec.waves)) as audit:  # fmt: skip
+                 waves=list(spec.waves), **release) as audit:  # fmt: skip
         doc = prepare_rollout(store, spec)
         audit.detail["rollout"] = doc.id
     return doc

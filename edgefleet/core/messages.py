@@ -195,13 +195,18 @@ class DeviceStatus(Message):
     native_code: list[NativeCodeLoad] = Field(
         default_factory=list, description="every native library loaded into the agent since it started"
     )
+    agent_update: str | None = Field(
+        default=None,
+        description="the agent's own update, in words: the last release its launcher committed or rolled back "
+        "(and why), or the one it is fetching or refused; None: never updated",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
         """`native_code` and `profile_detection` are left out when empty, so control planes that predate them still
         parse the status of every device that loads no native code and was given its profile (--profile NAME)."""
         data = handler(self)
-        for optional in ("native_code", "profile_detection"):
+        for optional in ("native_code", "profile_detection", "agent_update"):
             if not data.get(optional):
                 data.pop(optional, None)
         return data
@@ -378,6 +383,9 @@ EventKind = Literal[
     "desired-stale",
     "reports-dropped",
     "removed",  # a slot drained, unloaded and forgotten by a signed decision (Desired.remove)
+    "agent-release",  # the agent's own update (docs/agent.md, agent updates): staged, handed over, refused
+    "agent-committed",  # a new agent release passed its health gate; the launcher committed it
+    "agent-rolled-back",  # a new agent release failed its health gate; the previous agent runs again
 ]
 
 
@@ -461,6 +469,29 @@ class Desired(Message):
         description="a signed decision to stop serving the slot: the device drains it, unloads it and forgets its "
         "files (bundle fields empty); unlike `clear`, which only withdraws this target's document",
     )
+    agent_release: AgentRelease | None = Field(
+        default=None, description="the agent release the device should run (any slot's document may name it)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_release(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Left out unless set: a document without a release is the very text agents from before releases parse."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("agent_release") is None:
+            data.pop("agent_release", None)
+        return data
+
+
+class AgentRelease(Message):
+    """The agent release a device should run (core/release/): named in a signed desired document, fetched from its
+    retained offer on `agent-releases/{release_id}/offer`. The version floor applies as to bundles: a release below
+    the highest agent version the device committed needs `allow_downgrade_to` naming exactly this release."""
+
+    release_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    version: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$", max_length=64)
+    allow_downgrade_to: str | None = Field(
+        default=None, description="the exact release id this document allows below the device's agent floor"
+    )
 
 
 class SignedPayload(Message):
@@ -519,6 +550,19 @@ class BundleOffer(Message):
     key (over `core.transfer.offer_signing_bytes`), verifiable before any download."""
 
     bundle_id: str
+    manifest_json: str
+    key_id: str
+    signature: str
+    transfer: Transfer
+    keyset: SignedPayload | None = Field(default=None, description="the root-signed key set delegating the signer")
+
+
+class ReleaseOffer(Message):
+    """Retained on `agent-releases/{id}/offer`: an agent release's manifest and its transfer layout under ONE
+    signature by a release-role key (core/release/offer.py), verifiable before any download. It travels as a
+    bundle does: content-addressed chunks (core/transfer/)."""
+
+    release_id: str
     manifest_json: str
     key_id: str
     signature: str

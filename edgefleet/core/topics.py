@@ -100,6 +100,14 @@ class Topics:
         """Every block of a bundle (for ACLs; devices subscribe block by block)."""
         return f"{self.prefix}/bundles/{check_segment('bundle id', bundle_id)}/blocks/+"
 
+    def agent_release_offer(self, release_id: str) -> str:
+        """Retained: an agent release's signed manifest and transfer layout (its files travel as chunks)."""
+        return f"{self.prefix}/agent-releases/{check_segment('release id', release_id)}/offer"
+
+    def agent_release_offers(self) -> str:
+        """Every agent release offer (a device's base right: releases are signed, public artifacts)."""
+        return f"{self.prefix}/agent-releases/+/offer"
+
     def chunk(self, sha256: str) -> str:
         """Retained: one content-addressed chunk, shared by every bundle that holds it (core/transfer/chunks.py)."""
         if len(sha256) != 64 or sha256.strip("0123456789abcdef"):

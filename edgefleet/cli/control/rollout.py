@@ -30,7 +30,15 @@ def _register_rollout(sub: argparse._SubParsersAction) -> None:
     rollout = sub.add_parser("rollout", help="roll bundles out to a group in waves, with guardrails")
     verbs = rollout.add_subparsers(dest="verb", required=True, metavar="VERB")
     start = verbs.add_parser("start", help="publish bundles (one per profile) and start a rollout to a group")
-    start.add_argument("bundles", type=Path, nargs="+", metavar="BUNDLE")
+    start.add_argument("bundles", type=Path, nargs="*", metavar="BUNDLE")
+    start.add_argument(
+        "--agent-release", type=Path, metavar="FILE",
+        help="roll out this agent release (`edgefleet release build`) instead of bundles: each wave's devices are "
+        "named it and judged on its commit and on the models of --slot staying healthy (docs/agent.md)",
+    )  # fmt: skip
+    start.add_argument(
+        "--agent-downgrade", action="store_true", help="the agent release is older than what devices run: allow it"
+    )
     start.add_argument("--group", required=True, help="host-side group, or an agent --group name")
     start.add_argument(
         "--slot", default="default",
@@ -121,6 +129,11 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
     from edgefleet.control.rollout.engine import bundle_ref
     from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest
 
+    if args.agent_release is not None:
+        _start_agent_release(args)
+        return
+    if not args.bundles:
+        raise UserInputError("rollout start needs BUNDLE files, or --agent-release FILE")
     manifests = []
     for path in args.bundles:
         try:
@@ -166,6 +179,62 @@ def cmd_rollout_start(args: argparse.Namespace) -> None:
         sizes = ", ".join(str(len(w.devices)) for w in doc.waves)
         print(f"rollout {doc.id}: slot {spec.slot} of {len(doc.devices)} devices of {spec.group} in waves of {sizes}")
         print(f"follow it with: edgefleet rollout status {doc.id}")
+
+
+def _start_agent_release(args: argparse.Namespace) -> None:
+    """`rollout start --agent-release FILE`: verify and publish the release, then plan its waves (audited)."""
+    from edgefleet.control import operations as ops
+    from edgefleet.control.credentials.keyring import HostKeys
+    from edgefleet.control.publish.release import publish_release, verify_with_keyset
+
+    if args.bundles or args.shadow is not None:
+        raise UserInputError("an agent-release rollout ships no bundle and has no shadow phase")
+    release = verify_with_keyset(args.agent_release, HostKeys.default())  # before anything is published
+    ref = {"release_id": release.release_id, "version": release.version,
+           "allow_downgrade_to": release.release_id if args.agent_downgrade else None}  # fmt: skip
+    spec = ops.rollout_spec(
+        [], args.group, canary=args.canary, waves=args.waves.split(","),
+        thresholds={
+            "max_latency_factor": args.max_latency_factor, "latency_slack_ms": args.latency_slack_ms,
+            "max_golden_drop": args.max_golden_drop, "min_golden_agreement": args.min_golden,
+            "max_error_rate": args.max_error_rate, "min_requests": args.min_requests,
+            "max_field_accuracy_drop": args.max_field_drop, "min_field_samples": args.min_field_samples,
+            "max_drift_psi": args.max_drift_psi, "min_drift_samples": args.min_drift_samples,
+        },
+        allow_unjudged=[c.strip() for a in args.allow_unjudged for c in a.split(",") if c.strip()],
+        timing={
+            "baseline_s": args.baseline, "observe_s": args.observe, "install_timeout_s": args.install_timeout,
+            "report_timeout_s": args.report_timeout, "min_reports": args.min_reports,
+        },
+        max_failed_devices=args.max_failed_devices, slot=args.slot, agent_release=ref,
+    )  # fmt: skip
+    store = open_from(args)
+    try:
+        ops.check_rollout(store, spec)  # fail before publishing anything
+        if not args.no_publish:
+            conn, topics = connect(args, "control")
+            try:
+                publish_release(conn, topics, args.agent_release)
+            finally:
+                conn.stop()
+        doc = ops.start_rollout(store, ops.Operator.shell(), spec)
+    finally:
+        store.close()
+    if args.quiet:
+        print(doc.id)
+    elif args.json:
+        print_json(_rollout_json(doc))
+    else:
+        sizes = ", ".join(str(len(w.devices)) for w in doc.waves)
+        print(f"rollout {doc.id}: agent {release.version} to {len(doc.devices)} devices of {spec.group} "
+              f"in waves of {sizes}")  # fmt: skip
+        print(f"follow it with: edgefleet rollout status {doc.id}")
+
+
+def _shipped(doc: RolloutDoc) -> str:
+    """What a rollout ships, for its row: its bundles, or its agent release."""
+    release = doc.spec.agent_release
+    return f"agent {release.release_id}" if release else ", ".join(b.bundle_id for b in doc.spec.bundles)
 
 
 def _record_published(args: argparse.Namespace, store: Any, bundles: list[Path], manifests: list[Any]) -> None:
@@ -218,7 +287,7 @@ def cmd_rollout_list(args: argparse.Namespace) -> None:
         f"rollouts ({len(docs)} of {len(rows)})",
         ["rollout", "state", "group", "bundles", "started", "wave", "devices", "rollback", "outcome"],
         [
-            (d.id, d.state, d.spec.group, ", ".join(b.bundle_id for b in d.spec.bundles),
+            (d.id, d.state, d.spec.group, _shipped(d),
              time.strftime("%Y-%m-%d %H:%M", time.localtime(d.created_at)), f"{d.current_wave + 1}/{len(d.waves)}",
              _counts(d.counts()), "yes" if can_roll_back(d) else "", safe_text(d.outcome, 200))
             for d in docs
@@ -308,7 +377,7 @@ def _status(args: argparse.Namespace) -> None:
             f"rollouts (engine {engine})",
             ["rollout", "state", "group", "bundles", "wave", "devices", "outcome"],
             [
-                (d.id, d.state, d.spec.group, ", ".join(b.bundle_id for b in d.spec.bundles),
+                (d.id, d.state, d.spec.group, _shipped(d),
                  f"{d.current_wave + 1}/{len(d.waves)}", _counts(d.counts()), d.outcome)
                 for d in docs
             ],

@@ -4,6 +4,7 @@ Layout of a key directory (default $EDGEFLEET_HOME/keys):
   root.key / root.pub        root: signs key sets only. Devices pin root.pub. Keep root.key OFFLINE.
   bundle.key / bundle.pub    bundle role: signs bundles and offers (converter / release machine).
   ops.key / ops.pub          ops role: signs desired state (control plane).
+  release.key / release.pub  release role: signs agent releases (the agent's own wheel set; `edgefleet release`).
   keyset.json                the root-signed key set (public; travels in every offer and desired document)
   retired/                   role keys rotated out (kept for audit; no longer in the key set)
   ops-counter                the high-water mark of desired-state counters (see `next_counter`)
@@ -47,6 +48,9 @@ class HostKeys:
 
     def ops_key(self) -> SigningKey:
         return _load_key(self.directory / "ops.key", "ops")
+
+    def release_key(self) -> SigningKey:
+        return _load_key(self.directory / "release.key", "release")
 
     def keyset(self) -> SignedPayload:
         path = self.directory / KEYSET_NAME

@@ -69,6 +69,7 @@ def api_fleet(store: Store, now: float | None = None) -> dict[str, Any]:
                 "bundle": first.active_bundle if first else None, "model": first.active_model if first else None,
                 "provider": first.provider_in_use if first else None, "verified": bool(first and first.verified),
                 "last_error": d.last_error, "slots": _slots(d, latest, quality, now),
+                "agent_version": d.agent_version or None,
                 "status_age_s": round(now - d.status_ts, 1),
                 "p50_ms": t.p50_ms if t else None, "p95_ms": t.p95_ms if t else None,
                 "golden_agreement": t.golden_agreement if t else None, "requests": t.requests if t else None,

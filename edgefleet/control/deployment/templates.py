@@ -194,6 +194,11 @@ def agent_unit(spec: DeploymentSpec) -> str:
 #
 # Type=notify with WatchdogSec: the agent sends READY=1 once it is up and WATCHDOG=1 at least every 15 s
 # (edgefleet.agent.daemon.watchdog).
+#
+# systemd runs edgefleet-launcher (standard library only, never replaced by an agent release), which runs the agent:
+# the committed release's environment under /var/lib/edgefleet/agent-envs/, or this install until a release
+# commits. It switches to a staged release under a health deadline and rolls back when the new agent fails it
+# (docs/agent.md, "Agent updates"); it relays the agent's READY=1 and watchdog pings to systemd.
 
 [Unit]
 Description=edgefleet device agent (pull, verify, install and serve models)
@@ -223,10 +228,9 @@ Environment=PYTHONDONTWRITEBYTECODE=1
 Environment=XDG_CACHE_HOME=/var/cache/edgefleet
 # EDGEFLEET_BROKER, EDGEFLEET_DEVICE_ID and the EDGEFLEET_TLS_* files the agent reads from its environment.
 EnvironmentFile=/etc/edgefleet/agent.env
-ExecStart={spec.edgefleet} agent \\
+ExecStart={spec.edgefleet}-launcher --state-dir /var/lib/edgefleet --deadline 300 -- \\
     --broker ${{EDGEFLEET_BROKER}} \\
     --device-id ${{EDGEFLEET_DEVICE_ID}} \\
-    --state-dir /var/lib/edgefleet \\
     --profile auto \\
     --trust /etc/edgefleet/trusted \\
     $EDGEFLEET_AGENT_ARGS

@@ -35,9 +35,17 @@ from edgefleet.control.fleet.registry import link_cap, memberships, resolve_desi
 from edgefleet.control.health import LoopHealth
 from edgefleet.control.rights.documents import DesiredWatch, load_root
 from edgefleet.control.rights.sync import BrokerRights, NoBrokerRights, device_grants
-from edgefleet.control.store import Deployment, DeviceRecord, PublishedDesired, SlotKey, SlotPolicy, Store
+from edgefleet.control.store import (
+    AgentReleaseTarget,
+    Deployment,
+    DeviceRecord,
+    PublishedDesired,
+    SlotKey,
+    SlotPolicy,
+    Store,
+)
 from edgefleet.core.errors import BrokerError
-from edgefleet.core.messages import Desired, SlotClass
+from edgefleet.core.messages import AgentRelease, Desired, SlotClass
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import DEFAULT_SLOT, Topics
 
@@ -86,6 +94,13 @@ def device_plan(plan: Mapping[SlotKey, Deployment | None], device_id: str) -> di
     return {slot: want for (device, slot), want in plan.items() if device == device_id and want is not None}
 
 
+def agent_release(target: AgentReleaseTarget) -> AgentRelease:
+    """The reference a desired document carries for the agent release the store names for a device."""
+    return AgentRelease(
+        release_id=target.release_id, version=target.version, allow_downgrade_to=target.allow_downgrade_to
+    )
+
+
 def _what(d: Deployment | PublishedDesired, policy: tuple[SlotClass, float | None]) -> tuple[object, ...]:
     """What a device is told: a change to any of it is published again."""
     return d.bundle_id, d.rollback, d.shadow_bundle_id, d.remove, *policy
@@ -112,6 +127,7 @@ class DesiredPublisher:
         self._signed_at: dict[SlotKey, float] = {}  # when each slot's document was last signed (this process)
         self._in_flight: dict[SlotKey, tuple[PublishedDesired | None, paho.MQTTMessageInfo, float]] = {}
         self._cap_sent: dict[SlotKey, int | None] = {}  # the link cap in its last signed document (this process)
+        self._release_sent: dict[SlotKey, AgentRelease | None] = {}  # the agent release in it (this process)
 
     def _flying(self, key: SlotKey) -> tuple[bool, PublishedDesired | None]:
         """(something is on its way to the slot, what: a record, or None for a clear)."""
@@ -125,6 +141,7 @@ class DesiredPublisher:
         devices = self.store.devices()
         plan, policies = plan_slots(self.store, devices)
         caps = {d.device_id: link_cap(d) for d in devices}
+        releases = {device: agent_release(t) for device, t in self.store.agent_releases().items()}
         if self.rights.managed:  # first: no device hears of a bundle it may not read (broker_rights.py)
             self.watch = self.watch or DesiredWatch(self.conn, self.topics, load_root(self.keys.root_public()))
             try:
@@ -149,7 +166,8 @@ class DesiredPublisher:
                 continue
             fresh = time.time() - self._signed_at.get(key, 0.0) < self.ttl_s / 2
             cap = caps.get(device_id)
-            same_cap = key in self._cap_sent and self._cap_sent[key] == cap
+            release = releases.get(device_id)  # named in every slot's document: the newest decision counts
+            same_cap = key in self._cap_sent and self._cap_sent[key] == cap and self._release_sent.get(key) == release
             policy = scheduling(policies.get(key))
             if have is not None and _told(have) == _what(want, policy) and fresh and same_cap:
                 continue
@@ -160,7 +178,7 @@ class DesiredPublisher:
                 want.bundle_id, want.rollback, want.remove
             )  # fmt: skip
             desired = (
-                removal(slot).model_copy(update={"max_bytes_per_s": cap})
+                removal(slot).model_copy(update={"max_bytes_per_s": cap, "agent_release": release})
                 if want.remove
                 else Desired(
                     slot=slot,
@@ -173,12 +191,13 @@ class DesiredPublisher:
                     max_bytes_per_s=cap,
                     slot_class=policy[0],
                     latency_objective_ms=policy[1],
+                    agent_release=release,
                 )
             )
             if same and have is not None:
                 desired = desired.model_copy(update={"issued_at": have.issued_at})
             info = publish_desired(self.conn, self.topics, self.keys, desired, device=device_id, ttl_s=self.ttl_s)
-            self._signed_at[key], self._cap_sent[key] = time.time(), cap
+            self._signed_at[key], self._cap_sent[key], self._release_sent[key] = time.time(), cap, release
             sent = PublishedDesired(
                 device_id, want.bundle_id, want.rollback, desired.issued_at, want.shadow_bundle_id, slot, want.remove,
                 *policy,

@@ -72,6 +72,8 @@ class DeviceRow:
     memory_mb: float | None = None  # what the slot's model holds, measured on the device
     latency_objective_ms: float | None = None  # a real-time slot's p95 objective
     refused: str | None = None  # why the device does not run the slot's desired bundle (over its memory budget, ...)
+    agent_version: str = ""  # the device's agent
+    agent_update: str | None = None  # the agent's own last update, in words (committed, rolled back and why)
 
 
 class FleetView:
@@ -166,4 +168,6 @@ def _row(device: str, status: DeviceStatus, slot: SlotStatus, tele: Telemetry | 
         memory_mb=slot.memory_mb,
         latency_objective_ms=slot.latency_objective_ms,
         refused=slot.refused,
+        agent_version=status.agent_version,
+        agent_update=status.agent_update,
     )

@@ -24,7 +24,7 @@ from edgefleet.control.publish.chunks import publish_chunks, referenced_chunks, 
 from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest
 from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.errors import BrokerError, BundleError
-from edgefleet.core.messages import BundleOffer, Desired, Transfer
+from edgefleet.core.messages import AgentRelease, BundleOffer, Desired, Transfer
 from edgefleet.core.mqtt.connection import Connection
 from edgefleet.core.topics import DEFAULT_SLOT, Topics
 from edgefleet.core.transfer.blocks import DEFAULT_BLOCK_SIZE, iter_blocks, sign_offer
@@ -122,10 +122,11 @@ def deploy(
     ttl_s: float = DEFAULT_TTL_S,
     max_bytes_per_s: int | None = None,
     slot: str = DEFAULT_SLOT,
+    agent_release: AgentRelease | None = None,
 ) -> Desired:
     """Set the desired bundle of one slot (retained, signed by the ops key) for each device and group; their other
     slots' documents are not touched. `rollback` makes the signed document allow exactly this bundle below the
-    devices' version floor."""
+    devices' version floor. `agent_release`: the agent release the devices should run (agent/release/)."""
     keys = keys or HostKeys.default()
     desired = Desired(
         slot=slot,
@@ -135,6 +136,7 @@ def deploy(
         profile=manifest.profile,
         rollback=rollback,
         max_bytes_per_s=max_bytes_per_s,
+        agent_release=agent_release,
     )
     for device in devices:
         publish_desired(conn, topics, keys, desired, device=device, ttl_s=ttl_s, wait=ACK_TIMEOUT_S)

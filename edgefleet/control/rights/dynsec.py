@@ -74,6 +74,7 @@ def base_acls(topics: Topics, device_id: str) -> list[Acl]:
     acls += _read(topics.infer_request(device_id))
     acls += _read(topics.infer_feedback(device_id))  # field-accuracy feedback on MQTT request/response
     acls += _read(topics.generate_request(device_id))  # a language model's requests; answers stream as chunks
+    acls += _read(topics.agent_release_offers(), pattern=True)  # agent releases: signed, public (core/release/)
     acls += _read(topics.benchmark_request(device_id))  # the fleet as the benchmark farm
     acls += _read(topics.stored(device_id))  # what the control plane stored of its reports (its spool prunes to it)
     return acls

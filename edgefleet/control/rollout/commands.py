@@ -102,7 +102,8 @@ def prepare_rollout(store: Store, spec: RolloutSpec, *, now: float | None = None
     now = time.time() if now is None else now
     targets = rollout_targets(store, spec.group)
     members = targets.members
-    mismatched = [d for d in members if spec.bundle_for(d.profile) is None]
+    agent = spec.agent_release  # an agent release fits every profile; its devices are judged on what they serve
+    mismatched = [] if agent else [d for d in members if spec.bundle_for(d.profile) is None]
     if mismatched:
         listed = ", ".join(f"{d.device_id} ({d.profile or 'no profile'})" for d in mismatched[:10])
         more = f" and {len(mismatched) - 10} more" if len(mismatched) > 10 else ""
@@ -110,7 +111,7 @@ def prepare_rollout(store: Store, spec: RolloutSpec, *, now: float | None = None
             f"{len(mismatched)} device(s) of group {spec.group!r} have a profile no bundle is built for: "
             f"{listed}{more}; the bundles are for {', '.join(sorted(b.profile for b in spec.bundles))}"
         )
-    refusals = memory_refusals(store, spec, members)
+    refusals = [] if agent else memory_refusals(store, spec, members)
     if refusals:
         listed = "; ".join(f"{device}: {why}" for device, why in refusals[:5])
         more = f" and {len(refusals) - 5} more" if len(refusals) > 5 else ""
@@ -121,18 +122,21 @@ def prepare_rollout(store: Store, spec: RolloutSpec, *, now: float | None = None
     wanted = {d.device_id for d in members}
     history = [load_doc(row) for row in store.rollouts()]
     for other in history:
-        # Another slot's rollout may run beside this one (the neighbour guardrail watches the pair).
-        busy = sorted(wanted & set(other.devices)) if other.active and other.spec.slot == spec.slot else []
+        # Another slot's rollout may run beside this one (the neighbour guardrail watches the pair); an agent release
+        # changes what serves every slot, so it runs beside no other rollout of its devices.
+        clash = other.spec.slot == spec.slot or agent is not None or other.spec.agent_release is not None
+        busy = sorted(wanted & set(other.devices)) if other.active and clash else []
         if busy:
             raise RolloutSpecError(
                 f"rollout {other.id} ({other.state}) still holds {len(busy)} of these devices ({', '.join(busy[:5])}); "
                 "let it finish or abort it first"
             )
-    rollout_id = f"{spec.group}-v{spec.bundles[0].model_version}-{secrets.token_hex(3)}"
+    version = f"agent-v{agent.version}" if agent else f"v{spec.bundles[0].model_version}"
+    rollout_id = f"{spec.group}-{version}-{secrets.token_hex(3)}"
     ordered = order_devices([d.device_id for d in members], [d.online for d in members], rollout_id)
     plan = plan_waves(ordered, spec.canary, spec.waves)
     profiles = {d.device_id: d.profile for d in members}
-    refused = refused_before(history, spec)
+    refused = {} if agent else refused_before(history, spec)
     doc = RolloutDoc(
         id=rollout_id,
         spec=spec,
@@ -154,7 +158,8 @@ def prepare_rollout(store: Store, spec: RolloutSpec, *, now: float | None = None
     if spec.allow_unjudged:
         doc.note(now, f"the operator allows unjudged: {', '.join(spec.allow_unjudged)} (no data: passes, not fails)")
     waves = ", ".join(str(len(w)) for w in plan)
-    doc.note(now, f"planned slot {spec.slot} of {len(members)} devices of {spec.group} in waves of {waves}")
+    what = f"agent release {agent.release_id} (judged on slot {spec.slot})" if agent else f"slot {spec.slot}"
+    doc.note(now, f"planned {what} of {len(members)} devices of {spec.group} in waves of {waves}")
     if targets.left_out:
         doc.note(now, f"left out {len(targets.left_out)} device(s) the host's records do not put in {spec.group}: "
                  + "; ".join(f"{d}: {r}" for d, r in sorted(targets.left_out.items())[:5]))  # fmt: skip
@@ -188,6 +193,8 @@ def refused_before(history: list[RolloutDoc], spec: RolloutSpec) -> dict[str, li
     version = (spec.bundles[0].model_name, spec.bundles[0].model_version)
     found: dict[str, list[str]] = {}
     for other in sorted(history, key=lambda d: d.created_at):
+        if not other.spec.bundles:
+            continue  # an agent-release rollout
         first = other.spec.bundles[0]
         if (first.model_name, first.model_version) != version:
             continue

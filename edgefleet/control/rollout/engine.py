@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from edgefleet.control.desired.sync import DesiredPublisher
 from edgefleet.control.fleet.registry import host_view
 from edgefleet.control.health import ENGINE, LoopHealth
+from edgefleet.control.rollout import agent_waves
 from edgefleet.control.rollout.commands import bundle_ref, load_doc, make_spec, prepare_rollout, request, to_row
 from edgefleet.control.rollout.finish import rolling_back, start_rollback, succeed
 from edgefleet.control.rollout.install_evidence import EvidenceReader, golden_reports
@@ -229,6 +230,9 @@ class RolloutEngine:
         doc.note(ctx.now, f"wave {index}: measuring the baseline of {len(wave.devices)} device(s)")
 
     def _start_device(self, doc: RolloutDoc, progress: DeviceProgress, ctx: Tick) -> None:
+        if doc.spec.agent_release is not None:
+            agent_waves.start_device(self.store, doc, progress, ctx)
+            return
         device_id = progress.device_id
         record = ctx.devices.get(device_id)
         bundle = doc.spec.bundle_for(record.profile if record else progress.profile)
@@ -286,6 +290,9 @@ class RolloutEngine:
         waiting = [doc.devices[d] for d in wave.devices if doc.devices[d].state == "baseline"]
         for progress in waiting:
             with self._device(progress, ctx):
+                if doc.spec.agent_release is not None:
+                    agent_waves.deploy(self.store, doc, progress, ctx)
+                    continue
                 bundle = doc.spec.bundle_for(progress.profile)
                 if bundle is None or progress.profile is None:
                     raise ValueError(f"no bundle of this rollout fits its profile {progress.profile}")
@@ -351,7 +358,10 @@ class RolloutEngine:
             progress = doc.devices[device_id]
             if progress.state == "deploying":
                 with self._device(progress, ctx):
-                    self._check_install(doc, wave, progress, failing.get(device_id), ctx)
+                    if doc.spec.agent_release is not None:
+                        agent_waves.check_install(self.store, doc, wave, progress, ctx)
+                    else:
+                        self._check_install(doc, wave, progress, failing.get(device_id), ctx)
         if self._too_many_failures(doc, wave, ctx):
             return
         if not any(doc.devices[d].state == "deploying" for d in wave.devices):
@@ -385,7 +395,10 @@ class RolloutEngine:
             progress = doc.devices[device_id]
             if progress.state == "installed":
                 with self._device(progress, ctx):
-                    self._observe(doc, progress, failing.get(device_id), elapsed, ctx)
+                    if doc.spec.agent_release is not None:
+                        agent_waves.observe(self.store, doc, progress, elapsed, ctx)
+                    else:
+                        self._observe(doc, progress, failing.get(device_id), elapsed, ctx)
         if self._too_many_failures(doc, wave, ctx):
             return
         if not any(doc.devices[d].state == "installed" for d in wave.devices):

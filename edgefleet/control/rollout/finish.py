@@ -1,16 +1,26 @@
 """How a rollout ends: the new bundles become the group's deployment of the rollout's slot, or every device it
-touched goes back in that slot. The devices' other slots are never touched."""
+touched goes back in that slot. The devices' other slots are never touched.
+
+An agent-release rollout (agent_waves.py) ends with the release still named for every device it reached, or with
+every device it touched named the release the store named before (with the signed downgrade the agents require) or
+none: a device that committed the new agent and had no earlier release named keeps it ("kept", and why); one whose
+launcher rolled it back already runs its previous agent."""
 
 from __future__ import annotations
 
 from edgefleet.control.desired.sync import plan_desired
 from edgefleet.control.rollout.plan import DeviceProgress, RolloutDoc, RolloutState, Tick
-from edgefleet.control.store import ANY_PROFILE, Deployment, DeviceRecord, Store
+from edgefleet.control.store import ANY_PROFILE, AgentReleaseTarget, Deployment, DeviceRecord, Store
 
 
 def succeed(store: Store, doc: RolloutDoc, ctx: Tick) -> None:
     """The last wave passed: the bundles become the group's deployment; the device pins go."""
     source = f"rollout:{doc.id}"
+    if doc.spec.agent_release is not None:  # the devices stay named the release (the store's rows)
+        doc.state, doc.finished_at = "succeeded", ctx.now
+        doc.outcome = f"all {len(doc.waves)} waves passed; {doc.spec.group} runs agent {doc.spec.agent_release.version}"
+        doc.note(ctx.now, doc.outcome)
+        return
     for bundle in doc.spec.bundles:
         store.put_deployment(
             Deployment(
@@ -42,6 +52,9 @@ def start_rollback(store: Store, doc: RolloutDoc, ctx: Tick, ends_as: RolloutSta
     slot is removed there (a signed `Desired.remove`), so a newcomer that starved its neighbours does not stay."""
     now = ctx.now
     doc.state, doc.ends_as = "rolling-back", ends_as
+    if doc.spec.agent_release is not None:
+        _start_agent_rollback(store, doc, ctx)
+        return
     changed = False
     for progress in doc.devices.values():
         if progress.deployed_at is None or progress.profile is None:
@@ -93,6 +106,42 @@ def start_rollback(store: Store, doc: RolloutDoc, ctx: Tick, ends_as: RolloutSta
         _end(doc, now)
 
 
+def _start_agent_rollback(store: Store, doc: RolloutDoc, ctx: Tick) -> None:
+    """Every device the agent-release rollout touched is named the release it was named before, or none."""
+    release = doc.spec.agent_release
+    if release is None:
+        return
+    for progress in doc.devices.values():
+        if progress.deployed_at is None:
+            continue  # never touched
+        previous = progress.previous_release
+        if previous is not None:
+            store.put_agent_release(
+                AgentReleaseTarget(
+                    progress.device_id, previous.release_id, previous.version, previous.release_id,
+                    source=f"rollback:{doc.id}", updated_at=ctx.now,
+                )
+            )  # fmt: skip
+        else:
+            store.delete_agent_release(progress.device_id)
+        ctx.desired_changed = True
+        record = ctx.devices.get(progress.device_id)
+        running = record.agent_version if record is not None else ""
+        note = ""
+        if running != release.version and (previous is None or running == previous.version):
+            progress.state = "rolled-back" if progress.state != "refused" else "refused"
+            note = f"runs agent {running or '?'}"
+        elif previous is None:
+            progress.state = "kept"
+            note = f"no earlier agent release was named for it: it keeps agent {release.version}"
+        else:
+            progress.state, progress.rollback_at = "rolling-back", ctx.now
+            note = f"named {previous.release_id} (agent {previous.version}) again"
+        progress.reason = (progress.reason + "; " if progress.reason else "") + note
+    if not any(p.state == "rolling-back" for p in doc.devices.values()):
+        _end(doc, ctx.now)
+
+
 def _newcomer(progress: DeviceProgress, record: DeviceRecord | None, slot: str) -> bool:
     """Whether the rollout brought a model to a slot that was empty on a device running other slots."""
     if progress.reported_bundle is not None or progress.previous_bundle is not None or record is None:
@@ -107,7 +156,15 @@ def rolling_back(doc: RolloutDoc, ctx: Tick) -> None:
         if progress.state != "rolling-back":
             continue
         record = ctx.devices.get(progress.device_id)
-        if record is not None and record.running(doc.spec.slot) == progress.previous_bundle and record.online:
+        previous = progress.previous_release
+        if previous is not None and record is not None and record.online and record.agent_version == previous.version:
+            progress.state = "rolled-back"
+        elif previous is not None and ctx.now - (progress.rollback_at or ctx.now) > timeout:
+            progress.state = "rollback-timed-out"
+            progress.reason = f"still not back on agent {previous.version} after {timeout:g} s"
+        elif previous is not None:
+            continue
+        elif record is not None and record.running(doc.spec.slot) == progress.previous_bundle and record.online:
             progress.state = "rolled-back"
         elif ctx.now - (progress.rollback_at or ctx.now) > timeout:
             progress.state = "rollback-timed-out"

@@ -59,6 +59,15 @@ class BundleRef(Frozen):
     accuracy_budget: float | None = None
 
 
+class AgentReleaseRef(Frozen):
+    """An agent release (`edgefleet release build`) a rollout names in its devices' desired state instead of a
+    bundle: the devices' launchers trial it under a health gate (docs/agent.md, agent updates)."""
+
+    release_id: str
+    version: str
+    allow_downgrade_to: str | None = None
+
+
 class Timing(Frozen):
     baseline_s: float = Field(default=30.0, description="window of telemetry before a wave that makes its baseline")
     observe_s: float = Field(default=60.0, description="how long each wave is watched after it installed")
@@ -97,7 +106,12 @@ class RolloutSpec(Frozen):
         description="the one slot (model) of the group's devices the rollout replaces; their other slots are left "
         "alone. A rollout stored before slots reads as the default slot.",
     )
-    bundles: list[BundleRef] = Field(min_length=1)
+    bundles: list[BundleRef] = Field(default_factory=list, description="one per profile; none for an agent release")
+    agent_release: AgentReleaseRef | None = Field(
+        default=None,
+        description="an agent-release rollout: each wave's devices are named this release and judged on its commit "
+        "and on the models they serve staying healthy (rollout/agent_waves.py); it ships no bundle",
+    )
     canary: str = Field(default="1", description="first wave: a device count or a percentage of the group")
     waves: list[str] = Field(default_factory=lambda: ["25%", "50%", "100%"], description="cumulative sizes")
     thresholds: Thresholds = Field(default_factory=Thresholds)
@@ -122,6 +136,10 @@ class RolloutSpec(Frozen):
     @model_validator(mode="after")
     def _sense(self) -> RolloutSpec:
         problems = check_thresholds(self.thresholds)
+        if self.agent_release is None and not self.bundles:
+            problems.append("bundles: a rollout ships at least one bundle (or an agent release)")
+        if self.agent_release is not None and (self.bundles or self.shadow is not None):
+            problems.append("an agent-release rollout ships no bundle and has no shadow phase")
         profiles = [b.profile for b in self.bundles]
         duplicated = sorted({p for p in profiles if profiles.count(p) > 1})
         if duplicated:
@@ -242,6 +260,10 @@ class DeviceProgress(BaseModel):
     observed: Metrics | None = None
     findings: list[Finding] = Field(default_factory=list)
     rollback_at: float | None = None
+    previous_release: AgentReleaseRef | None = Field(
+        default=None, description="an agent-release rollout: the release the store named for the device before it"
+    )
+    previous_agent: str = Field(default="", description="an agent-release rollout: the agent version it ran before")
 
 
 class WaveProgress(BaseModel):
@@ -335,6 +357,7 @@ class Tick:
 __all__ = [
     "ACTIVE_STATES",
     "FAILED_STATES",
+    "AgentReleaseRef",
     "BundleRef",
     "DeviceProgress",
     "RolloutDoc",

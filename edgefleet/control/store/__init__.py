@@ -25,6 +25,7 @@ from edgefleet.control.store.quota import QuotaCut
 from edgefleet.control.store.records import (
     ANY_PROFILE,
     FLEET_TARGET,
+    AgentReleaseTarget,
     AlertLevel,
     AlertRecord,
     ApiToken,
@@ -56,6 +57,7 @@ __all__ = [
     "ANY_PROFILE",
     "FLEET_TARGET",
     "WRITE_MS_COUNTER",
+    "AgentReleaseTarget",
     "AlertLevel",
     "AlertRecord",
     "ApiToken",

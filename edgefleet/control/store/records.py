@@ -199,6 +199,19 @@ class PublishedDesired:
 
 
 @dataclass(frozen=True)
+class AgentReleaseTarget:
+    """The agent release the control plane names in every desired document of one device (its launcher trials it
+    under a health gate, docs/agent.md); `source` says who set it (`rollout:ID`)."""
+
+    device_id: str
+    release_id: str
+    version: str
+    allow_downgrade_to: str | None = None
+    source: str = ""
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True)
 class SlotPolicy:
     """How the devices of a scope (the whole fleet, a group, a device) schedule one slot: its class (real-time,
     interactive, batch) and, for a real-time slot, its p95 latency objective (the neighbour guardrail's bar).

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from edgefleet.control.store.errors import FencedOut
 from edgefleet.control.store.records import (
+    AgentReleaseTarget,
     Deployment,
     Fence,
     PublishedDesired,
@@ -45,6 +46,16 @@ class Rollouts(Protocol):
     def delete_slot_policy(self, scope: Scope, target: str, slot: str) -> int: ...
 
     def slot_policies(self) -> list[SlotPolicy]: ...
+
+    def put_agent_release(self, target: AgentReleaseTarget) -> None:
+        """Name an agent release in a device's desired documents (replacing the one named before)."""
+        ...
+
+    def delete_agent_release(self, device_id: str) -> int: ...
+
+    def agent_releases(self) -> dict[str, AgentReleaseTarget]:
+        """device id → the agent release its desired documents name."""
+        ...
 
     def published(self) -> dict[SlotKey, PublishedDesired]:
         """What was last published per (device, slot)."""
@@ -181,6 +192,33 @@ class SqlRollouts:
                 " ORDER BY scope, target, slot"
             ).fetchall()
         return [SlotPolicy(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    @unit_of_work()
+    def put_agent_release(self, target: AgentReleaseTarget) -> None:
+        t = target
+        with self.fenced_tx() as conn:
+            conn.execute(
+                "INSERT INTO agent_release_targets (device_id, release_id, version, allow_downgrade_to, source,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET"
+                " release_id = excluded.release_id, version = excluded.version,"
+                " allow_downgrade_to = excluded.allow_downgrade_to, source = excluded.source,"
+                " updated_at = excluded.updated_at",
+                (t.device_id, t.release_id, t.version, t.allow_downgrade_to, t.source, t.updated_at or time.time()),
+            )
+
+    @unit_of_work()
+    def delete_agent_release(self, device_id: str) -> int:
+        with self.fenced_tx() as conn:
+            return conn.execute("DELETE FROM agent_release_targets WHERE device_id = ?", (device_id,)).rowcount
+
+    @unit_of_work()
+    def agent_releases(self) -> dict[str, AgentReleaseTarget]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT device_id, release_id, version, allow_downgrade_to, source, updated_at"
+                " FROM agent_release_targets ORDER BY device_id"
+            ).fetchall()
+        return {r[0]: AgentReleaseTarget(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows}
 
     @unit_of_work()
     def published(self) -> dict[SlotKey, PublishedDesired]:

@@ -19,6 +19,7 @@ from edgefleet.control.store.operator import Operator, SqlOperator
 from edgefleet.control.store.quality import Quality, SqlQuality
 from edgefleet.control.store.quota import QuotaCut, enforce_quota
 from edgefleet.control.store.records import (
+    AgentReleaseTarget,
     AlertRecord,
     ApiToken,
     AuditEntry,
@@ -231,6 +232,15 @@ class Store:
 
     def slot_policies(self) -> list[SlotPolicy]:
         return self.repos.rollouts.slot_policies()
+
+    def put_agent_release(self, target: AgentReleaseTarget) -> None:
+        self.repos.rollouts.put_agent_release(target)
+
+    def delete_agent_release(self, device_id: str) -> int:
+        return self.repos.rollouts.delete_agent_release(device_id)
+
+    def agent_releases(self) -> dict[str, AgentReleaseTarget]:
+        return self.repos.rollouts.agent_releases()
 
     def published(self) -> dict[SlotKey, PublishedDesired]:
         return self.repos.rollouts.published()

@@ -1,5 +1,6 @@
 """Key roles (TUF-like): a ROOT key that devices pin delegates a BUNDLE role (the converter/publisher signs
-offers) and an OPS role (operations sign desired state) in a versioned, expiring key-set document.
+offers), an OPS role (operations sign desired state) and a RELEASE role (signs agent releases: the wheel set a
+device's agent updates itself to, core/release/) in a versioned, expiring key-set document.
 
 Every signature is over domain-separated bytes (`edgefleet:<kind>:v1\\n` + the document), so a signed key set can
 never be replayed as a desired document or an offer, and the other way round. Rotating or revoking a role key is a
@@ -19,9 +20,9 @@ from edgefleet.core.errors import SignatureError
 from edgefleet.core.messages import SignedPayload
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys, key_id
 
-Role = Literal["bundle", "ops"]
-ROLES: tuple[Role, ...] = ("bundle", "ops")
-DocumentKind = Literal["keyset", "desired", "offer"]
+Role = Literal["bundle", "ops", "release"]
+ROLES: tuple[Role, ...] = ("bundle", "ops", "release")
+DocumentKind = Literal["keyset", "desired", "offer", "release", "release-offer"]
 
 
 def signing_bytes(kind: DocumentKind, payload: str) -> bytes:

@@ -111,7 +111,8 @@ def test_a_device_reporting_itself_a_canary_gets_no_canary_deployment(store: Sto
 
 def test_device_roles_hold_only_their_own_topics() -> None:
     base = {a.topic for a in base_acls(TOPICS, "cam-1")}
-    assert all("/devices/cam-1/" in topic for topic in base)
+    # Its own topics, and the agent release offers: signed, public, the same for every device (core/release/).
+    assert all("/devices/cam-1/" in topic for topic in base - {TOPICS.agent_release_offers()})
     # Of the base rights, the control plane manages only the device's own desired documents (every slot's, kept
     # current so a role made before slots is upgraded); the rest it never touches.
     managed = {a for a in base_acls(TOPICS, "cam-1") if is_granted(TOPICS, a)}

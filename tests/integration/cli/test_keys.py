@@ -138,7 +138,7 @@ def test_keys_commands_init_rotate_revoke_show(tmp_path: Path) -> None:
         return json.loads(result.stdout)
 
     first = keys("init")
-    assert first["keyset_version"] == 1 and set(first["roles"]) == {"bundle", "ops"}
+    assert first["keyset_version"] == 1 and set(first["roles"]) == {"bundle", "ops", "release"}
     rotated = keys("rotate", "--role", "ops")
     assert rotated["keyset_version"] == 2 and rotated["roles"]["ops"] != first["roles"]["ops"]
     revoked = keys("revoke", first["roles"]["bundle"][0])

@@ -53,3 +53,21 @@ def test_the_fleet_api_and_metrics_show_each_slot_of_a_device(tmp_path: Path) ->
         assert 'edgefleet_device_slot_latency_p95_seconds{device="cam-1",slot="assistant"}' not in page, "no report"
     finally:
         store.close()
+
+
+def test_the_fleet_api_shows_each_devices_agent_version(tmp_path: Path) -> None:
+    """The dashboard's fleet table has an agent column (issue 35): the version each device's status reports."""
+    store = open_store(f"sqlite://{tmp_path}/control.sqlite")
+    now = time.time()
+    statuses = [
+        DeviceStatus(device_id="cam-1", online=True, state="serving", agent_version="0.2.0"),
+        DeviceStatus(device_id="cam-2", online=True, state="serving", agent_version="0.1.0"),
+    ]
+    store.upsert_statuses(statuses, now)
+    try:
+        versions = {d["device_id"]: d["agent_version"] for d in api_fleet(store, now)["devices"]}
+        assert versions == {"cam-1": "0.2.0", "cam-2": "0.1.0"}
+        page = (Path(__file__).parents[4] / "edgefleet" / "control" / "dashboard" / "web" / "index.html").read_text()
+        assert "<th>agent</th>" in page
+    finally:
+        store.close()
