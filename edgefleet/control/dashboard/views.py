@@ -178,6 +178,7 @@ def rollout_summary(doc: RolloutDoc) -> dict[str, Any]:
         "group": doc.spec.group,
         "slot": doc.spec.slot,
         "bundles": [b.bundle_id for b in doc.spec.bundles],
+        "agent_release": doc.spec.agent_release.release_id if doc.spec.agent_release else None,
         "created_at": doc.created_at,
         "updated_at": doc.updated_at,
         "finished_at": doc.finished_at,
