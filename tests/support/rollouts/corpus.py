@@ -227,7 +227,9 @@ def fault_env(delay_file: Path) -> dict[str, str]:
 # samples a judgement needs (`min_requests`, 20) from its golden-set probes (the agent's default: one every 0.5 s,
 # after the last ended) at twice the model's build latency, up to the default 60 s: with 12 s, u2netp's probes (1.5 s
 # each on the loaded 2-core machine) brought 18 of 20 in 12 + 60 s and the wave failed "no data for latency".
-TIMING = {"baseline_s": 20.0, "observe_s": 12.0, "install_timeout_s": 240.0, "report_timeout_s": 60.0}
+# The install timeout stays the default 300 s: at 240 s u2netp's install (its providers measured on the loaded machine)
+# timed out in the bench's first full run.
+TIMING = {"baseline_s": 20.0, "observe_s": 12.0, "install_timeout_s": 300.0, "report_timeout_s": 60.0}
 PROBE_PERIOD_S, LATENCY_SAMPLES, DEFAULT_OBSERVE_S = 0.5, 20, 60.0
 
 
