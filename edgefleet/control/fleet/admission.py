@@ -148,6 +148,7 @@ class Admission:
             "slots": [self._slot(slot) for slot in s.slots],
             "last_error": _text(s.last_error, lim.max_text),
             "desired_stale": _text(s.desired_stale, lim.max_text),
+            "agent_update": _text(s.agent_update, lim.max_text),
         }
         if s.hardware is not None:
             _segment("hostname", s.hardware.hostname)

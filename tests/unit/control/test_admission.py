@@ -93,8 +93,9 @@ def test_free_text_is_cut_never_refused_and_what_is_valid_passes_unchanged() -> 
     assert len(event.detail) == 100 and event.detail.endswith("…")
     slot = SlotStatus(slot="detector", state="serving", active_bundle="m-1-generic-x86-64", refused="r" * 5000)
     status = gate.admit(DeviceStatus(device_id="d1", online=True, state="idle", last_error="e" * 5000,
-                                     groups=["lab"], slots=[slot]))  # fmt: skip
+                                     groups=["lab"], slots=[slot], agent_update="u" * 5000))  # fmt: skip
     assert status.last_error is not None and len(status.last_error) == 100 and status.groups == ["lab"]
+    assert status.agent_update is not None and len(status.agent_update) == 100, "the agent's update words too"
     refused = status.slots[0].refused
     assert refused is not None and len(refused) == 100, "a slot's free text is cut like the status's own"
     scores = [OutputScore(output="StatefulPartitionedCall/logits:0", rule="continuous", score=0.99, passed=True,
