@@ -5,8 +5,10 @@ A `kill -9` or a power cut at any point leaves the old content or the new, never
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+from typing import IO
 
 
 def fsync_dir(path: Path) -> None:
@@ -28,3 +30,17 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 __all__ = ["atomic_write", "fsync_dir"]
+
+
+def copy_hashed(source: IO[bytes], out: IO[bytes] | None, chunk: int = 1 << 20) -> str:
+    """Stream `source` into `out` (fsync'd; None: only read), returning the sha256 hex digest of what was read: a
+    file checked against its pin as it is written (bundle and agent-release archives)."""
+    digest = hashlib.sha256()
+    while piece := source.read(chunk):
+        digest.update(piece)
+        if out is not None:
+            out.write(piece)
+    if out is not None:
+        out.flush()
+        os.fsync(out.fileno())
+    return digest.hexdigest()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from edgefleet.core.bundle.manifest import FileEntry, Manifest
+from edgefleet.core.durable import copy_hashed
 from edgefleet.core.errors import BundleError, DiskFullError
 
 if TYPE_CHECKING:  # keys arrive as objects: reading a manifest never loads cryptography (the agent's idle RSS)
@@ -274,7 +275,6 @@ def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, entry: FileEntr
         raise BundleError(f"{entry.path}: size {member.size} differs from the manifest's {entry.size}")
     source = tar.extractfile(member)
     assert source is not None  # isfile() checked by the caller
-    digest = hashlib.sha256()
     out = None
     if dest is not None:
         target = dest.joinpath(*PurePosixPath(entry.path).parts)
@@ -283,17 +283,11 @@ def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, entry: FileEntr
         target.parent.mkdir(parents=True, exist_ok=True)
         out = target.open("xb")
     try:
-        while chunk := source.read(_CHUNK):
-            digest.update(chunk)
-            if out is not None:
-                out.write(chunk)
-        if out is not None:
-            out.flush()
-            os.fsync(out.fileno())
+        found = copy_hashed(source, out, _CHUNK)
     finally:
         if out is not None:
             out.close()
-    if digest.hexdigest() != entry.sha256:
+    if found != entry.sha256:
         raise BundleError(f"{entry.path}: sha256 does not match the manifest (tampered or corrupt)")
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgefleet.core.durable import fsync_dir
+from edgefleet.core.durable import copy_hashed, fsync_dir
 from edgefleet.core.release.manifest import (
     ReleaseError,
     ReleaseFile,
@@ -156,21 +156,14 @@ def _copy_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, entry: ReleaseF
     source = tar.extractfile(member)
     if source is None:
         raise ReleaseError(f"{entry.name} cannot be read")
-    digest = hashlib.sha256()
     target = dest / entry.name if dest is not None else None
     out = target.open("wb") if target is not None else None
     try:
-        while piece := source.read(1 << 20):
-            digest.update(piece)
-            if out is not None:
-                out.write(piece)
-        if out is not None:
-            out.flush()
-            os.fsync(out.fileno())
+        found = copy_hashed(source, out)
     finally:
         if out is not None:
             out.close()
-    if digest.hexdigest() != entry.sha256:
+    if found != entry.sha256:
         if target is not None:
             target.unlink(missing_ok=True)
         raise ReleaseError(f"{entry.name} does not match its sha256 pin")
