@@ -86,11 +86,13 @@ class SqliteDatabase:
         try:
             yield db
         finally:
-            if self._pool.qsize() < _POOL_SIZE:
-                self._pool.put(db)
-            else:
-                with self._lock:
+            with self._lock:  # a store closed while this one was in use: close it now, nobody else holds it
+                retire = self._closed or self._pool.qsize() >= _POOL_SIZE
+                if retire:
                     self._all.remove(db)
+                else:
+                    self._pool.put(db)
+            if retire:
                 db.close()
 
     @contextlib.contextmanager
@@ -114,8 +116,15 @@ class SqliteDatabase:
         return work()
 
     def close(self) -> None:
+        """Close the idle connections now; one in use by another thread (a loop a stop could not join, a dashboard
+        request) is closed when that thread hands it back. Closing a sqlite3 connection under a running statement
+        frees the statement it is stepping: the other thread then reads freed memory and the process crashes."""
         with self._lock:
             self._closed = True
-            for db in self._all:
+            while True:
+                try:
+                    db = self._pool.get_nowait()
+                except queue.Empty:
+                    break
+                self._all.remove(db)
                 db.close()
-            self._all.clear()
