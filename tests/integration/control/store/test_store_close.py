@@ -31,8 +31,8 @@ for n in range(rounds):
         with database.read() as db:
             conn = db.conn
             conn.create_function("slow", 1, slow)
-            query = "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 2000) SELECT slow(x) FROM r"
-            rows.extend(conn.execute(query).fetchall())
+            query = "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 2000) "
+            rows.extend(conn.execute(query + "SELECT slow(x) FROM r").fetchall())
 
     reader = threading.Thread(target=read)
     reader.start()
