@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest
-from edgefleet.core.bundle.manifest import Manifest
 from edgefleet.core.topics import HOST_IDENTITY, Topics
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
@@ -30,24 +28,15 @@ from support.servers.secure_broker import CLI_IDENTITY, SecureBroker, make_pki
 
 GROUP = "corpus"
 DEVICES = ["cr-0", "cr-1"]
-# Four kinds, cheap to convert (12 to 64 s each at the command line's 60 s budget on a quiet machine) and to probe;
-# the segmenter u2netp (1.5 s a probe on a loaded 2-core machine: a minute per wave) is the bench's. The first also
-# starts the fleet, fresh, and comes back last.
-MODELS = ["ppocr-cls", "basic-pitch", "minilm-l6", "ddddocr-old"]
-SAMPLES = 8  # calibration and evaluation samples: the user's data, as few as a quick check would give
-
-
-def _manifest(path: Path) -> Manifest:
-    return parse_manifest(read_signed_manifest(path).manifest_json)
+MODELS = list(rollouts.FAMILIES)
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> dict[str, Path]:
-    """Each model converted once on the converter's defaults: name → its bundle."""
-    out = tmp_path_factory.mktemp("corpus-rollout")
+    """Each model converted once on the converter's defaults (once per run: test_converter_corpus.py checks the same
+    conversions): name → its bundle."""
     bundles: dict[str, Path] = {}
-    for name in MODELS:
-        result, seconds = rollouts.convert_on_defaults(corpus.by_name(name), out / name, signing_key, samples=SAMPLES)
+    for name, (result, seconds) in rollouts.families_on_defaults(tmp_path_factory, signing_key).items():
         assert result.bundle, f"{name} did not convert on defaults: {result.error}"
         print(f"{name}: {result.recipe} in {seconds:.0f} s, golden {result.golden}")
         bundles[name] = Path(result.bundle)

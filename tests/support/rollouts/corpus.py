@@ -2,6 +2,9 @@
 on the rollout's default guardrails to real agents, as a user with their own model would: what
 tests/e2e/test_rollout_corpus_agents.py and bench/rollout_corpus.py share.
 
+- `families_on_defaults`: the four families the end-to-end rollout takes (`FAMILIES`), converted on defaults once per
+  run (support/run_once.py): test_converter_corpus.py checks those conversions as its own, the rollout ships their
+  bundles; each was converted twice before, once by each test.
 - `convert_on_defaults`: `edgefleet convert`'s defaults (its 60 s time budget, every runtime of the profile, one
   thread), given only what the corpus entry declares a user would give (the task metric and its bar), for the build
   machine's profile (intel-x86-vnni as this host, as the other end-to-end tests take it).
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from edgefleet.control.rollout.engine import bundle_ref, make_spec, prepare_rollout
 from edgefleet.control.rollout.plan import RolloutDoc
@@ -34,6 +38,7 @@ from support.host_cpu import as_this_host
 from support.models import corpus
 from support.paths import TESTS
 from support.rollouts.control_plane import finished
+from support.run_once import once_per_run
 from support.servers.secure_broker import SecureBroker
 
 PROFILE = "intel-x86-vnni"
@@ -45,6 +50,11 @@ KIND = {
     "ddddocr-old": "arrives quantized", "minilm-l6": "transformer encoder", "u2netp": "segmenter",
     "basic-pitch": "audio",
 }  # fmt: skip
+# Four kinds, cheap to convert (12 to 64 s each at the command line's 60 s budget on a quiet machine) and to probe;
+# the segmenter u2netp (1.5 s a probe on a loaded 2-core machine: a minute per wave) is the bench's. The first also
+# starts the end-to-end fleet, fresh, and comes back last.
+FAMILIES = ("ppocr-cls", "basic-pitch", "minilm-l6", "ddddocr-old")
+FAMILY_SAMPLES = 8  # calibration and evaluation samples: the user's data, as few as a quick check would give
 PLUGIN = TESTS / "support" / "fault_backend_plugin.py"
 FAULT_PROVIDER = "plugin-fault:A"
 
@@ -68,6 +78,23 @@ def convert_on_defaults(
         )
     )  # fmt: skip
     return result, time.monotonic() - started
+
+
+def families_on_defaults(
+    tmp_path_factory: pytest.TempPathFactory, key: SigningKey
+) -> dict[str, tuple[ProfileResult, float]]:
+    """`FAMILIES` converted by `convert_on_defaults` with `FAMILY_SAMPLES` samples, once per run, by the first test
+    that asks (the CPU-bound group's worker, which runs test_converter_corpus.py; support/parallel_runs.py queues the
+    end-to-end rollout after it): name → (the result, the wall seconds it took). Each bundle lies in its own
+    folder beside that model's `data/` (calibration and evaluation sets)."""
+
+    def make(directory: Path) -> dict[str, tuple[ProfileResult, float]]:
+        return {
+            name: convert_on_defaults(corpus.by_name(name), directory / name, key, samples=FAMILY_SAMPLES)
+            for name in FAMILIES
+        }
+
+    return once_per_run(tmp_path_factory, "corpus-families-on-defaults", make)
 
 
 # --- broken builds --------------------------------------------------------------------------------------------
