@@ -84,9 +84,10 @@ def families_on_defaults(
     tmp_path_factory: pytest.TempPathFactory, key: SigningKey
 ) -> dict[str, tuple[ProfileResult, float]]:
     """`FAMILIES` converted by `convert_on_defaults` with `FAMILY_SAMPLES` samples, once per run, by the first test
-    that asks (the CPU-bound group's worker, which runs test_converter_corpus.py; support/parallel_runs.py queues the
-    end-to-end rollout after it): name → (the result, the wall seconds it took). Each bundle lies in its own
-    folder beside that model's `data/` (calibration and evaluation sets)."""
+    that asks: test_converter_corpus.py and the end-to-end rollout are both in the CPU-bound group
+    (support/parallel_runs.py), so one worker converts them, beside no other conversion. name → (the result, the
+    wall seconds it took). Each bundle lies in its own folder beside that model's `data/` (its calibration and
+    evaluation sets)."""
 
     def make(directory: Path) -> dict[str, tuple[ProfileResult, float]]:
         return {
