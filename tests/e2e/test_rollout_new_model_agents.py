@@ -123,6 +123,7 @@ def test_a_new_model_rolls_out_on_defaults_retries_after_a_rollback_and_a_slower
             scaled = scale_to_device(
                 progress.baseline, facts.measured_latency(PROFILE), digits_facts.measured_latency(PROFILE),
                 make_spec(group=GROUP, bundles=[bundle_ref(own_manifest)]).thresholds,
+                (facts.measured_spread(PROFILE), digits_facts.measured_spread(PROFILE)),
             )  # fmt: skip
             assert scaled is not None and progress.observed is not None and progress.observed.p50_ms is not None
             slowest = max(slowest, scaled.expected_ms, progress.observed.p50_ms)

@@ -14,13 +14,16 @@ from edgefleet.control.rollout.judge.evidence import Metrics, Thresholds
 
 T = Thresholds()
 PROFILE = "intel-x86-vnni"
-GRAPH = {"digits": "a" * 64, "speech": "b" * 64}
+GRAPH = {"digits": "a" * 64, "speech": "b" * 64, "ocr": "d" * 64}
 
 
-def facts(bundle_id: str, model: str, build_ms: float | None, floor: float = 0.95, graph: str = "") -> BundleFacts:
+def facts(
+    bundle_id: str, model: str, build_ms: float | None, floor: float = 0.95, graph: str = "", p90: float | None = None
+) -> BundleFacts:
     return BundleFacts(
         bundle_id=bundle_id, profile=PROFILE, model_name=model, io_signature=graph or GRAPH[model], size=1000,
         wire_bytes=1000, golden_count=64, golden_min_agreement=floor, build_latency_ms=build_ms, build_machine="host",
+        build_latency_p90_ms=p90,
     )  # fmt: skip
 
 
@@ -75,6 +78,20 @@ CASES = [
     ("new model 2x slower than its own build where the previous one ran faster than its build",
      facts("cls-1", "digits", 8.981), SPEECH_178, window("cls-1", 3.474), window("speech-2", 356.0),
      {"latency": False}, "against 1.5 × 178.000 ms"),
+    # Builds timed on a busy machine (the corpus rollout's): ddddocr-old's build median 27.5 ms with a p90 of 118 ms,
+    # after minilm-l6 (108.283 ms at build, p90 115 ms; 62.585 ms on the device). Its scaled figure (16.6 ms) and its
+    # own median (27.5 ms) both held the device's 61.0 ms to a limit of 41 ms, and it was rolled back; the spreads
+    # widen the expectation to its own p90.
+    ("another model whose build spread widely, at its device speed", facts("minilm-1", "speech", 108.283, p90=115.0),
+     facts("ocr-1", "ocr", 27.5, p90=118.0), window("minilm-1", 62.585), window("ocr-1", 61.0), {"latency": True},
+     "widened × 4.56 by the builds' own spread (p90 over median: 4.29 for the new model's, 1.06 for the previous's)"),
+    ("another model whose build spread widely, 2x slower than its own p90", facts("minilm-1", "speech", 108.283,
+     p90=115.0), facts("ocr-1", "ocr", 27.5, p90=118.0), window("minilm-1", 62.585), window("ocr-1", 236.0),
+     {"latency": False}, "measurement at its p90 (118.000 ms), which is kept: 118.000 ms"),
+    # A quiet build machine's spreads (5 % each) leave a model 2x slower than its scaled build rolled back.
+    ("new model, 2x slower than its scaled build, quiet builds", facts("digits-1", "digits", 0.018, p90=0.0189),
+     facts("speech-1", "speech", 0.12, floor=0.953, p90=0.126), ON_DIGITS, window("speech-1", 3.95),
+     {"latency": False}, "1.5 × 1.977 ms"),
     # The retry after a rollback: the device runs the previous model again, so the retry is judged as the first
     # try was, against its own build scaled by the previous model's figures of the moment.
     ("retry of the same bundle after a rollback", DIGITS_V1, SPEECH, window("digits-1", 0.27),

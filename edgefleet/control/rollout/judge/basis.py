@@ -8,9 +8,9 @@ for another model, that model's own build.
   build can loosen. A device that ran nothing is held to the bundle's own golden floor.
 - **Another model** (another name, or a build from another source graph): nothing the previous model did on the
   device is its baseline. Its latency is its own measurement scaled to the device by the previous bundle's
-  device-to-build ratio (judge/latency.py, `scale_to_device`), its golden figures are held to its own build's floor
-  (signed into its manifest, as on a device that ran nothing), and field accuracy waits for its own feedback.
-  Every failure says it is another model and where its baseline came from.
+  device-to-build ratio, widened by both builds' own spread (judge/latency.py, `scale_to_device`), its golden
+  figures are held to its own build's floor (signed into its manifest, as on a device that ran nothing), and field
+  accuracy waits for its own feedback. Every failure says it is another model and where its baseline came from.
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ def judge_on_basis(
         if floor is not None and t.min_golden_agreement is None:
             t = t.model_copy(update={"min_golden_agreement": floor})
         earlier = previous.measured_latency(profile) if previous is not None else None
-        scaled = scale_to_device(baseline, measured, earlier, t)
+        spreads = (
+            facts.measured_spread(profile) if facts is not None else 1.0,  # a change is only found with both facts
+            previous.measured_spread(profile) if previous is not None else 1.0,
+        )
+        scaled = scale_to_device(baseline, measured, earlier, t, spreads)
         findings = judge_device(None, observed, t, measured, final, scaled=scaled, floor_from=own_floor)
         return [f.model_copy(update={"detail": f"{change}: {f.detail}"}) if f.ok is False else f for f in findings]
     golden_known = baseline is not None and baseline.golden_agreement is not None

@@ -58,6 +58,9 @@ class BundleFacts(BaseModel):
     )
     golden: dict[str, OutputBands] = Field(default_factory=dict, description="per output: the scores it can have")
     build_latency_ms: float | None = Field(default=None, description="median at build")
+    build_latency_p90_ms: float | None = Field(
+        default=None, description="p90 of the build's timing runs (None: recorded before it was kept)"
+    )
     build_machine: str = ""
     farm_latency_ms: dict[str, float] = Field(
         default_factory=dict, description="profile → median p50 of the farm devices of that profile"
@@ -94,6 +97,15 @@ class BundleFacts(BaseModel):
         if self.build_latency_ms is not None:
             return self.build_latency_ms, "build", f"the build ({self.build_machine or 'host'})"
         return None
+
+    def measured_spread(self, profile: str | None) -> float:
+        """How much the timing runs behind `measured_latency` varied: the build's p90 over its median (at least 1);
+        1 for a farm figure (devices that measure alone) or a record without the p90. A build timed on a busy
+        machine varies widely, and its median is only as good as that spread."""
+        measured = self.measured_latency(profile)
+        if measured is None or measured[1] != "build" or not self.build_latency_p90_ms:
+            return 1.0
+        return max(1.0, self.build_latency_p90_ms / measured[0])
 
     def model_change(self, previous: BundleFacts | None) -> str:
         """Why this bundle is another model than `previous` (another name, or a graph with other inputs/outputs), or
@@ -150,6 +162,7 @@ def facts_of(manifest: Manifest, transfer: Transfer, golden: GoldenSet | GoldenP
         golden_count=manifest.golden.count, golden_min_agreement=manifest.golden.min_agreement,
         golden=_bands(golden, manifest),
         build_latency_ms=latency.median_ms if latency is not None and latency.median_ms > 0 else None,
+        build_latency_p90_ms=latency.p90_ms if latency is not None and latency.median_ms > 0 else None,
         build_machine=latency.machine if latency is not None else "",
         farm_latency_ms={p: statistics.median(v) for p, v in farm.items()},
         runtime=manifest.recipe.runtime,

@@ -45,7 +45,11 @@ build on an agent where basic-pitch then ran at about 1.2x its own, and was roll
 its own build's 178 ms), so the new model is held to its own figure there. The p50 is judged against factor × that
 expectation, noise-aware as above (the previous bundle's window and the new one's); the tail is not (another
 model's tail has its own shape). A model really 2× slower on the device than its build fails as it would against its
-own previous version. With no usable previous window, or no build figure for either bundle, the new bundle is
+own previous version. Each build's timing carries the load of its machine at that moment, and a busy machine's
+timings spread (ddddocr-old timed 27.5 ms, p90 118 ms, beside other work, and a device ran it at 61.0 ms): the
+expectation is widened by the product of both builds' spreads (p90 over median, recorded at publish), and its floor
+is the new model's own p90. A quiet build (spreads near 1) keeps the limit tight; a noisy one loosens it, and the
+finding names the spreads. With no usable previous window, or no build figure for either bundle, the new bundle is
 judged against its own measurement alone (`build_factor`/`farm_factor`), as on a device that ran nothing.
 
 Every failure names the figure, where its baseline came from and the flag that changes the outcome.
@@ -84,28 +88,42 @@ class Scaled(BaseModel):
     where: str
     previous: Metrics
     own_floor: bool = False  # the scaled figure fell below the new model's own measurement, which was kept instead
+    spreads: tuple[float, float] = (1.0, 1.0)  # each build's p90 over its median: the new bundle's, the previous's
 
     @property
     def describe(self) -> str:
         fixed = f" with its {self.fixed_ms:.3f} ms fixed part kept whole" if self.fixed_ms else ""
+        new, old = self.spreads
+        widened = (
+            f", widened × {new * old:.2f} by the builds' own spread (p90 over median: {new:.2f} for the new "
+            f"model's, {old:.2f} for the previous's)"
+            if new * old > 1
+            else ""
+        )
         scaled = (
             f"the new model's own {self.build_ms:.3f} ms ({self.where}) scaled to this device by its previous "
             f"bundle {self.previous.bundle_id} ({self.previous_device_ms:.3f} ms here against "
-            f"{self.previous_build_ms:.3f} ms measured the same way){fixed}"
+            f"{self.previous_build_ms:.3f} ms measured the same way){fixed}{widened}"
         )
         if self.own_floor:
+            own = "measurement" if new <= 1 else f"measurement at its p90 ({self.build_ms * new:.3f} ms)"
             return (
-                f"{scaled} comes below the new model's own measurement, which is kept: {self.expected_ms:.3f} ms "
+                f"{scaled} comes below the new model's own {own}, which is kept: {self.expected_ms:.3f} ms "
                 "(another model running faster here than at its build says nothing of this one's speed)"
             )
         return f"{scaled}: {self.expected_ms:.3f} ms"
 
 
 def scale_to_device(
-    previous: Metrics | None, measured: Measured | None, previous_measured: Measured | None, t: Thresholds
-) -> Scaled | None:
+    previous: Metrics | None, measured: Measured | None, previous_measured: Measured | None, t: Thresholds,
+    spreads: tuple[float, float] = (1.0, 1.0),
+) -> Scaled | None:  # fmt: skip
     """`measured` (the new bundle's own median for the device's profile) scaled to the device by the previous
-    bundle's p50 there over its own median, both measured the same way (farm or build); None when any is lacking."""
+    bundle's p50 there over its own median, both measured the same way (farm or build); None when any is lacking.
+    `spreads`: each build's p90 over its median (`BundleFacts.measured_spread`), the new bundle's and the previous's.
+    Two medians timed at different moments of a busy machine make a ratio only as good as their spreads, so the
+    expectation is widened by their product, and its floor is the new model's own figure at its p90: on a quiet
+    build machine (spreads of 1.02 to 1.1) that changes little, on a loaded one it keeps the load out of the verdict."""
     if previous is None or not usable(previous, t) or previous.p50_ms is None or previous.p50_ms <= 0:
         return None
     if measured is None or previous_measured is None or measured[1] != previous_measured[1]:
@@ -115,10 +133,13 @@ def scale_to_device(
         return None
     ratio, device = new / old, previous.p50_ms
     fixed = min(t.quiet_call_ms, device) if ratio < 1 else 0.0
-    expected = device * ratio + fixed * (1 - ratio)
+    spread_new, spread_old = (max(1.0, s) for s in spreads)
+    expected = (device * ratio + fixed * (1 - ratio)) * spread_new * spread_old
+    own = new * spread_new
     return Scaled(
-        expected_ms=max(expected, new), build_ms=new, previous_build_ms=old, previous_device_ms=device,
-        fixed_ms=fixed, where=measured[2], previous=previous, own_floor=expected < new,
+        expected_ms=max(expected, own), build_ms=new, previous_build_ms=old, previous_device_ms=device,
+        fixed_ms=fixed, where=measured[2], previous=previous, own_floor=expected < own,
+        spreads=(spread_new, spread_old),
     )  # fmt: skip
 
 
