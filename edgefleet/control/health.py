@@ -11,9 +11,10 @@ Each loop catches what one rollout or one device raises (that step fails, with t
 - `HealthBoard`: one instance's loops, written to the store every few seconds by a thread of their own (so a loop
   that hangs is seen as stalled while its process lives), read back by `edgefleet control status`, the
   dashboard's header and `/metrics` of any instance.
-- `judge(row, now)`: the one rule every reader applies. A loop is *stalled* when it has not completed for
-  `STALL_INTERVALS` of its intervals (at least `STALL_FLOOR_S`; plus `WRITE_EVERY_S`, the age of a row when it is
-  read), or when its instance stopped writing its rows; *failing* when it caught errors in
+- `judge(row, now)`: the one rule every reader applies. A loop is *stalled* when it has neither completed nor
+  failed a pass for `STALL_INTERVALS` of its intervals (at least `STALL_FLOOR_S`; plus `WRITE_EVERY_S`, the age of a
+  row when it is read), or when its instance stopped writing its rows (a loop whose every pass fails still runs: it
+  is failing, not stalled, however long it fails); *failing* when it caught errors in
   the last minute, *standby* when it does not run in that instance (not the lease holder), else *ok*. An instance
   silent for `GONE_AFTER_S` is *gone* (killed without a clean stop, or its machine lost): shown, never counted
   as unwell, dropped after a day.
@@ -123,6 +124,8 @@ def judge(row: ComponentHealthRow, now: float) -> Verdict:
     if not row.active:
         return Verdict("standby", "runs on the engine lease holder only")
     since = row.last_tick if row.last_tick is not None else row.active_since
+    if row.last_error_at is not None and (since is None or row.last_error_at > since):
+        since = row.last_error_at  # a pass that failed is a pass: the loop runs, and reads failing below
     if since is not None and now - since > limit:
         what = "completed" if row.last_tick is not None else "completed once since it started"
         return Verdict("stalled", f"not {what} for {now - since:.0f} s (its interval is {row.interval_s:g} s)")

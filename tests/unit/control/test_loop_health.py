@@ -1,5 +1,6 @@
 """The one rule every reader applies to a control-plane loop (edgefleet/control/health.py): ok, failing (errors
-in the last minute), stalled (no completion for 3 intervals, at least 5 s, or an instance silent), standby."""
+in the last minute), stalled (neither a completed nor a failed pass for 3 intervals, at least 5 s, or an instance
+silent), standby."""
 
 from __future__ import annotations
 
@@ -29,6 +30,19 @@ def test_a_loop_that_completes_is_ok_and_one_that_catches_errors_is_failing() ->
     assert judge(row_at(loop, 170.0), 170.0).state == "stalled", "no completion for a minute"
     loop.ticked(170.0)
     assert judge(row_at(loop, 170.5), 170.5).state == "ok", "errors older than a minute no longer count"
+
+
+def test_a_loop_whose_every_pass_fails_reads_failing_however_long_and_stalled_once_it_stops() -> None:
+    """The desired-state sync against a broker that refuses every document: it runs, each pass fails. It was read
+    "stalled" once its stall limit had passed since it started (7 s at a 1 s interval), and the dashboard and
+    `control status` disagreed depending on when each asked."""
+    loop = LoopHealth(ENGINE, 1.0, now=0.0)
+    for second in range(1, 60):
+        loop.failed(float(second), "the broker refused the documents")
+        verdict = judge(row_at(loop, second + 0.5), second + 0.5)
+        assert verdict.state == "failing" and "refused" in verdict.text, (second, verdict)
+    verdict = judge(row_at(loop, 60.0 + STALL_FLOOR_S + WRITE_EVERY_S), 60.0 + STALL_FLOOR_S + WRITE_EVERY_S)
+    assert verdict.state == "stalled", "no pass at all, neither completed nor failed, since its last error"
 
 
 def test_stalled_after_three_intervals_with_a_floor_and_the_age_of_a_row() -> None:
