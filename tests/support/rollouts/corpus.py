@@ -85,8 +85,8 @@ def families_on_defaults(
 ) -> dict[str, tuple[ProfileResult, float]]:
     """`FAMILIES` converted by `convert_on_defaults` with `FAMILY_SAMPLES` samples, once per run, by the first test
     that asks: test_converter_corpus.py (in the CPU-bound group, support/parallel_runs.py) or the end-to-end rollout,
-    which runs beside that group and usually asks first. name → (the result, the wall seconds it took). Each bundle lies in its own folder beside that model's `data/` (its calibration and
-    evaluation sets)."""
+    which runs beside that group and usually asks first. name → (the result, the wall seconds it took). Each bundle
+    lies in its own folder beside that model's `data/` (its calibration and evaluation sets)."""
 
     def make(directory: Path) -> dict[str, tuple[ProfileResult, float]]:
         return {
