@@ -197,6 +197,9 @@ def test_a_slot_that_arrives_takes_its_share_of_the_cores_and_the_loaded_one_rel
     a = deploy_to(host, topics, digits, devices=(device,), slot="detector")
     alone = slot_of(watcher.serving(device, a, slot="detector", timeout=90), "detector")
     assert alone.placement is not None and alone.placement.threads == 0, "alone: the runtime's default"
+    # The status can arrive before the install's own `committed` event (another topic): wait for that event, so that
+    # what follows the marker is the reload's alone (a full run once saw the install's event after it).
+    watcher.event(device, "committed", bundle_id=a, timeout=30)
     marker = len(watcher.events)
 
     reader = derive_bundle(digits, tmp_path, signing_key, trusted, model_name="digits-reader")
