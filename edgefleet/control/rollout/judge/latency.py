@@ -122,8 +122,8 @@ def scale_to_device(
     bundle's p50 there over its own median, both measured the same way (farm or build); None when any is lacking.
     `spreads`: each build's p90 over its median (`BundleFacts.measured_spread`), the new bundle's and the previous's.
     Two medians timed at different moments of a busy machine make a ratio only as good as their spreads, so the
-    expectation is widened by their product, and its floor is the new model's own figure at its p90: on a quiet
-    build machine (spreads of 1.02 to 1.1) that changes little, on a loaded one it keeps the load out of the verdict."""
+    expectation is widened by their product, and its floor is the new model's own figure at its p90: builds whose
+    timings spread little (near 1) change it little, a loaded build machine's keep its load out of the verdict."""
     if previous is None or not usable(previous, t) or previous.p50_ms is None or previous.p50_ms <= 0:
         return None
     if measured is None or previous_measured is None or measured[1] != previous_measured[1]:
