@@ -1,8 +1,9 @@
 """Closing a SQLite store while another thread is inside a statement (a loop a stop could not join in time, a
 dashboard request still answering) lets that statement finish and closes its connection when it is handed back.
-sqlite3 frees a running statement when its connection is closed under it, and the reading thread then crashed the
-process (a segmentation fault, seen in CI as a pytest worker going down). The scenario runs in a child process, so a
-crash fails this test with the signal instead of taking the test run with it."""
+sqlite3 frees a running statement when its connection is closed under it, and the reading thread can then crash the
+process (a segmentation fault on Python 3.11.7; CI once lost a pytest worker to one beside an in-process control
+plane, its cause not established). The scenario runs in a child process, so a crash fails this test with the signal
+instead of taking the test run with it."""
 
 from __future__ import annotations
 
