@@ -109,8 +109,10 @@ class AccuracyReport(Frozen):
 
 
 class LatencyReport(Frozen):
-    median_ms: float
-    p90_ms: float
+    # Finite and not negative: the host scales and widens a device's latency limit by these (judge/latency.py), so
+    # an infinite p90 would lift the limit altogether.
+    median_ms: float = Field(ge=0, allow_inf_nan=False)
+    p90_ms: float = Field(ge=0, allow_inf_nan=False)
     runtime: str
     provider: str
     threads: int

@@ -12,6 +12,7 @@ import pytest
 from edgefleet.core.bundle.archive import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
+    parse_manifest,
     read_signed_manifest,
     unpack_bundle,
     verify_bundle,
@@ -125,3 +126,17 @@ def test_signing_keys_are_never_overwritten(tmp_path: Path) -> None:
         generate_keypair(tmp_path)
     assert oct((tmp_path / "signing.key").stat().st_mode & 0o777) == "0o600"
     assert SigningKey.load(tmp_path / "signing.key").key_id
+
+
+@pytest.mark.parametrize("p90", ["1e400", "-1.0"])
+def test_a_manifest_whose_latency_figure_is_infinite_or_negative_is_refused(bundle: Path, p90: str) -> None:
+    """The host widens a device's latency limit by the build's p90 (control/rollout/judge/latency.py): a number that
+    parses (1e400 reads as infinity) but is no timing is refused with the manifest, never taken as a limit."""
+    data = json.loads(read_signed_manifest(bundle).manifest_json)
+    assert data["latency"] is not None
+    data["latency"]["p90_ms"] = "P90"
+    text = json.dumps(data).replace('"P90"', p90)
+    with pytest.raises(BundleError, match="invalid manifest"):
+        parse_manifest(text)
+    data["latency"]["p90_ms"] = 2 * data["latency"]["median_ms"]
+    assert parse_manifest(json.dumps(data)).latency is not None, "a finite figure passes"
