@@ -67,6 +67,10 @@ class BlockDownload:
     ) -> None:
         self.conn, self.topics, self.offer = conn, topics, offer
         self.transfer = offer.transfer
+        chunked = offer.transfer.chunks or offer.transfer.index or offer.transfer.chunk_count
+        if self.unit_name == "blocks" and chunked:
+            # Its block list is empty: fetching nothing, it would hand on a file of zeros (open_download picks).
+            raise TransferError(f"offer {offer.bundle_id} lists chunks, not blocks: a block download refuses it")
         self.part_path = part_path
         self.record_path = part_path.with_name(part_path.name + ".blocks")
         self.meta_path = part_path.with_name(part_path.name + ".meta")

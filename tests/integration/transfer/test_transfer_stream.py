@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.agent.transfer.blocks import BlockDownload
+from edgefleet.agent.transfer.blocks import BlockDownload, TransferError
+from edgefleet.control.publish.publisher import publish_bundle
 from edgefleet.core.bundle.archive import parse_manifest, read_signed_manifest
 from edgefleet.core.messages import BundleOffer, decode
 from edgefleet.core.mqtt.connection import Connection
@@ -34,7 +35,9 @@ def test_a_waiting_device_fetches_a_bundle_published_offer_first(
     offers: queue.Queue[bytes] = queue.Queue()
     subscribed = threading.Event()
     device.subscribe(f"test/settle/{bundle_id}", lambda t, p, r: subscribed.set())
-    device.subscribe(topics.bundle_offer(bundle_id), lambda t, p, r: offers.put(p))
+    # Only the live offer: the session's broker may still retain this bundle's offer from an earlier test, in
+    # another layout (a block download refuses a chunked offer: test_a_block_download_refuses_a_chunked_offer).
+    device.subscribe(topics.bundle_offer(bundle_id), lambda t, p, r: None if r else offers.put(p))
     device.publish(f"test/settle/{bundle_id}", b"x", qos=1)  # comes back once both subscriptions are in place
     assert subscribed.wait(30)
     fetched: dict[str, Path | BaseException] = {}
@@ -54,3 +57,15 @@ def test_a_waiting_device_fetches_a_bundle_published_offer_first(
     path = fetched["path"]
     assert isinstance(path, Path) and path.read_bytes() == bundle.read_bytes()
     assert offer.transfer.block_count == -(-bundle.stat().st_size // BLOCK)
+
+
+def test_a_block_download_refuses_a_chunked_offer(
+    host: Connection, device: Connection, topics: Topics, demo_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """Its block list is empty, so fetching nothing it would hand on a file of zeros: it refuses the offer instead,
+    and writes nothing (the agent picks the download by the offer's layout: agent/transfer/chunks.py open_download)."""
+    _, offer = publish_bundle(host, topics, demo_bundles["generic-x86-64"])
+    assert offer.transfer.chunks
+    with pytest.raises(TransferError, match="lists chunks, not blocks: a block download refuses it"):
+        BlockDownload(device, topics, offer, tmp_path / "c.part")
+    assert list(tmp_path.iterdir()) == []
