@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from edgefleet.core.errors import ConversionError
 
-__all__ = ["Cut", "TimeBudgetSpent", "check", "cut", "cuts", "recording_cuts", "until"]
+__all__ = ["Cut", "TimeBudgetSpent", "check", "cut", "cuts", "recording_cuts", "remaining", "until"]
 
 
 class TimeBudgetSpent(ConversionError):
@@ -84,6 +84,12 @@ def until(at: float | None, budget_s: float) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+
+
+def remaining() -> float | None:
+    """Seconds left before the deadline of this context (negative once it passed); None when there is none."""
+    current = _current.get()
+    return None if current is None else current.at - time.monotonic()
 
 
 def check() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TIE", "Decision", "Judged", "choose"]
+__all__ = ["TIE", "Decision", "Judged", "choose", "over_every_limit"]
 
 TIE = 0.10
 
@@ -68,3 +68,15 @@ def choose(candidates: list[Judged]) -> Decision:
     for cand in ordered[1:]:
         reasons[cand.name] = f"after {best.name} in the profile's precision order (nothing inside the bars was timed)"
     return Decision(best.name, reasons, "the profile's precision order: its device is not on this host, so not timed")
+
+
+def over_every_limit(sizes: dict[str, int], limits_mb: dict[str, list[float]]) -> dict[str, str]:
+    """The candidates (by name: their artifact's bytes) over the size limit of every profile that plans them (by
+    name: those profiles' limits in MB), each with its refusal: they can ship nowhere, so they need not be judged or
+    timed. One under any of its profiles' limits is kept; each profile refuses what is over its own later."""
+    refused = {}
+    for name, size in sizes.items():
+        limits = limits_mb.get(name)
+        if limits and size / 1e6 > max(limits):
+            refused[name] = f"{size / 1e6:.1f} MB is over the profile's {max(limits):g} MB: not judged or timed"
+    return refused

@@ -6,6 +6,14 @@ held-out windows (judge.py); time those inside the bars and on this host's hardw
 profile's threads (timing.py); set them against the measured read bandwidth (limit.py); per profile, choose
 (choose.py), write the golden prompts from FP32 with the chosen artifact's own floors (golden.py) and sign the
 bundle (bundle.py). The work directory inside `out` is removed whatever happens.
+
+The time budget (`--time-budget`; the CLI's default for a language model is DEFAULT_BUDGET_S there) counts from the
+start. Builds go cheapest first and may run until BUILD_SHARE of it: later ones are not started, and a model of
+OWN_PROCESS_FROM_BYTES or more builds each in its own process (builders/), stopped if still running then (each is
+listed as cut, with the reason). Judging, timing and
+signing what was built take the rest; they are not cut, and the result says how long the whole conversion took. An
+artifact over the size limit of every profile that plans it is refused as soon as it is built: it is neither judged
+nor timed.
 """
 
 from __future__ import annotations
@@ -13,13 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from edgefleet.converter import phases
+from edgefleet.converter import deadline, phases
 from edgefleet.converter.generative.bars import (
     DEFAULT_MAX_PERPLEXITY_RATIO,
     DEFAULT_MIN_NEXT_TOKEN_AGREEMENT,
@@ -27,10 +36,10 @@ from edgefleet.converter.generative.bars import (
     DEFAULT_PROMPT_TOKENS,
     QualityBars,
 )
-from edgefleet.converter.generative.builders import Builder
+from edgefleet.converter.generative.builders import Builder, build_order
 from edgefleet.converter.generative.bundle import BundleInputs, write_generative_bundle
 from edgefleet.converter.generative.candidates import BuildRecipe, CandidateSpec, HostView, Skipped, plan_target
-from edgefleet.converter.generative.choose import Judged, choose
+from edgefleet.converter.generative.choose import Judged, choose, over_every_limit
 from edgefleet.converter.generative.golden import GoldenReference, OwnFigures, device_golden, golden_reference
 from edgefleet.converter.generative.judge import Reference, reference_of, score
 from edgefleet.converter.generative.limit import ReadBandwidth, limit_of, read_bandwidth, weights_read_per_token
@@ -54,6 +63,11 @@ ONNX_ONLY = {
     "pins": "--pin", "fix_dims": "--fix-dim", "input_shapes": "--input-shape", "torch_model": "--torch-model",
 }  # fmt: skip
 TARGET_STRIDE = 100  # candidates' order: target index x this + the precision's index
+BUILD_SHARE = 0.6  # of the time budget, for builds; judging, timing and signing what was built take the rest
+# Weights from which, under a time budget, each build runs in its own process. A child pays for its own imports
+# (torch, transformers, the builders: seconds, against under one for a tinylm build once they are imported), which
+# only a model whose builds take minutes repays.
+OWN_PROCESS_FROM_BYTES = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +83,7 @@ def convert_generative(
     request: ConvertRequest, progress: Callable[[str], None] = lambda _msg: None
 ) -> list[ProfileResult]:
     """Build, judge, time and sign one generative bundle per profile. User errors come before anything is written."""
+    started = time.monotonic()
     given = [flag for field, flag in ONNX_ONLY.items() if getattr(request, field)]
     if given:
         raise UserInputError(
@@ -98,7 +113,8 @@ def convert_generative(
     request.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".edgefleet-convert-", dir=request.out) as tmp:
         work = Path(tmp)
-        return _Conversion(request, source, text, bars, prompt_tokens, output_tokens, work, progress).run(plans, specs)
+        conversion = _Conversion(request, source, text, bars, prompt_tokens, output_tokens, work, progress, started)
+        return conversion.run(plans, specs)
 
 
 class _Conversion:
@@ -114,12 +130,15 @@ class _Conversion:
         output_tokens: int,
         work: Path,
         progress: Callable[[str], None],
+        started: float,
     ) -> None:
         self.request, self.source, self.text, self.bars = request, source, text, bars
         self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
-        self.work, self.progress = work, progress
+        self.work, self.progress, self.started = work, progress, started
         self.threads = request.threads
-        self.builder = Builder(source, text.calibration(), work / "artifacts", request.threads)
+        self.budget_s = request.time_budget_s or None
+        self.isolate = self.budget_s is not None and source.weights_bytes >= OWN_PROCESS_FROM_BYTES
+        self.builder = Builder(source, text.calibration(), work / "artifacts", request.threads, isolate=self.isolate)
         self.runners: dict[tuple[str, int], GenerativeRunner] = {}
         self.records: dict[str, CandidateRecord] = {}  # built and judged, by candidate name
         self.timed: dict[tuple[str, int], CandidateRecord] = {}  # ... and timed, by name and threads
@@ -127,11 +146,16 @@ class _Conversion:
 
     def run(self, plans: list[_ProfilePlan], specs: dict[str, CandidateSpec]) -> list[ProfileResult]:
         try:
-            self._build(specs)
+            with deadline.recording_cuts() as cuts:
+                self._build(specs)
+            self._refuse_oversized(specs, plans)
             reference, golden = self._reference()
             self._judge(specs, reference, plans)
             bandwidth = self._time(plans)
             results = [self._profile(plan, reference, golden, bandwidth) for plan in plans]
+            if self.budget_s is not None:
+                for plan, result in zip(plans, results, strict=True):
+                    result.time_budget = self._budget_record(plan, cuts)
             if self.request.report:
                 self._report(results, reference, bandwidth)
             return results
@@ -142,13 +166,46 @@ class _Conversion:
     # --- build --------------------------------------------------------------------------------------------------
 
     def _build(self, specs: dict[str, CandidateSpec]) -> None:
-        for index, spec in enumerate(specs.values()):
-            phases.step("build", index, len(specs), spec.name)
-            self.progress(f"building {spec.name}: {spec.description}")
-            with phases.phase("quantize" if spec.build.base else "export"):
-                artifact = self.builder.build(spec.build)
-            self.records[spec.name] = CandidateRecord(spec, artifact, error=artifact.error)
-        phases.step("build", len(specs), len(specs))
+        """Every candidate's artifact, cheapest first, within the budget's build share."""
+        by_recipe = {spec.build.key: spec.build for spec in specs.values()}
+        order = {recipe.key: index for index, recipe in enumerate(build_order(list(by_recipe.values())))}
+        ordered = sorted(specs.values(), key=lambda spec: order[spec.build.key])
+        until = None if self.budget_s is None else self.started + BUILD_SHARE * self.budget_s
+        with deadline.until(until, self.budget_s or 0.0):
+            for index, spec in enumerate(ordered):
+                phases.step("build", index, len(ordered), spec.name)
+                left = "" if until is None else f"; {max(0.0, until - time.monotonic()):.0f} s left for builds"
+                self.progress(f"building {spec.name} ({index + 1}/{len(ordered)}): {spec.description}{left}")
+                with phases.phase("quantize" if spec.build.base else "export"):
+                    artifact = self.builder.build(spec.build)
+                self.records[spec.name] = CandidateRecord(spec, artifact, error=artifact.error)
+        phases.step("build", len(ordered), len(ordered))
+
+    def _refuse_oversized(self, specs: dict[str, CandidateSpec], plans: list[_ProfilePlan]) -> None:
+        """Candidates that can ship nowhere for their size are refused as soon as they are built: neither judged nor
+        timed (a language model's FP32 build can be the largest thing the conversion would hold)."""
+        built = {name: self.records[name] for name in specs if self.records[name].error is None}
+        limits = {name: [p.profile.size_limit_mb for p in plans if any(s.name == name for s in p.candidates)]
+                  for name in built}  # fmt: skip
+        sizes = {name: record.artifact.size_bytes for name, record in built.items()}
+        for name, refusal in over_every_limit(sizes, limits).items():
+            self.records[name] = replace(self.records[name], error=refusal)
+
+    def _budget_record(self, plan: _ProfilePlan, cuts: list[deadline.Cut]) -> dict[str, object]:
+        """What the time budget cut among this profile's builds, and how long the whole conversion took."""
+        keys: set[str] = set()
+        for spec in plan.candidates:
+            recipe: BuildRecipe | None = spec.build
+            while recipe is not None:
+                keys.add(recipe.key)
+                recipe = recipe.base
+        return {
+            "budget_s": self.budget_s,
+            "build_share_s": round(BUILD_SHARE * (self.budget_s or 0.0), 1),
+            "builds_in": "their own processes" if self.isolate else "the converter's process",
+            "seconds": round(time.monotonic() - self.started, 1),
+            "cut": [{"what": c.what, "how": c.how} for c in cuts if c.what in keys],
+        }
 
     # --- judge --------------------------------------------------------------------------------------------------
 
@@ -176,7 +233,7 @@ class _Conversion:
         for index, spec in enumerate(specs.values()):
             record = self.records[spec.name]
             phases.step("accuracy", index, len(specs), spec.name)
-            if record.artifact.folder is None:
+            if record.artifact.folder is None or record.error:  # failed, cut, or refused for its size
                 continue
             self.progress(f"judging {spec.name} on {reference.tokens} held-out tokens")
             try:

@@ -11,6 +11,12 @@ through the anchors' own builders where they fit.
 
 A base is built before what starts from it; an artifact is built once per conversion, whatever number of
 candidates and profiles share it. A failure is recorded with its reason, never raised: the others go on.
+
+With `isolate` (a conversion with a time budget), each build runs in a process of its own: it is stopped at the
+deadline of the budget's build share (converter.deadline), where a build inside the converter's process could not be
+(the quantizers' inner loops are the libraries' own), and its working memory goes back to the system when it ends, so
+the conversion holds one build's memory at a time beside the runners it keeps open. A build that would start after
+the deadline is not started. Both are recorded as cuts, with the reason, like any failed build.
 """
 
 from __future__ import annotations
@@ -23,12 +29,19 @@ from pathlib import Path
 
 import numpy as np
 
+from edgefleet.converter import deadline
+from edgefleet.converter.generative.builders.process import in_own_process
+from edgefleet.converter.generative.builders.recipes import run_recipe
 from edgefleet.converter.generative.candidates import BuildRecipe
-from edgefleet.converter.generative.source import GENAI_CONFIG, DecoderSource
+from edgefleet.converter.generative.source import DecoderSource
 from edgefleet.core.bundle.manifest import PassRecord
 
 log = logging.getLogger(__name__)
-__all__ = ["Artifact", "Builder"]
+__all__ = ["Artifact", "Builder", "build_order"]
+
+# Cheapest first, so that the budget cuts the slowest builds: exports, then round-to-nearest passes, then the
+# passes that run the model on calibration text (AWQ with scale estimation, GPTQ).
+_COST = {"ort-as-is": 0, "ort-builder": 1, "ov-export": 1, "ort-nbits": 2, "ov-nncf": 2, "ort-gptq": 4}
 
 
 @dataclass(frozen=True)
@@ -47,10 +60,13 @@ class Artifact:
 
 
 class Builder:
-    """Builds recipes into `work/<key>/`, each once, bases first."""
+    """Builds recipes into `work/<key>/`, each once, bases first; with `isolate`, each in its own process."""
 
-    def __init__(self, source: DecoderSource, calibration: list[np.ndarray], work: Path, threads: int) -> None:
+    def __init__(
+        self, source: DecoderSource, calibration: list[np.ndarray], work: Path, threads: int, *, isolate: bool = False
+    ) -> None:
         self.source, self.calibration, self.work, self.threads = source, calibration, work, threads
+        self.isolate = isolate
         self.built: dict[str, Artifact] = {}
 
     def build(self, recipe: BuildRecipe) -> Artifact:
@@ -65,11 +81,23 @@ class Builder:
                 return failed
         out = self.work / recipe.key
         shutil.rmtree(out, ignore_errors=True)
+        left = deadline.remaining()
+        if left is not None and left <= 0:
+            how = "not built: the time budget's share for builds was spent before it started"
+            deadline.cut(recipe.key, how)
+            self.built[recipe.key] = Artifact(recipe.key, None, 0.0, error=how)
+            return self.built[recipe.key]
         started = time.monotonic()
+        base_folder = base.folder if base is not None else None
         try:
-            passes = self._run(recipe, base, out)
-        except Exception as err:  # a builder's own failure: recorded, the other candidates go on
-            log.info("building %s failed: %s", recipe.key, err, exc_info=True)
+            if self.isolate:
+                passes = in_own_process(recipe, base_folder, out, self.source, self.calibration, self.threads, left)
+            else:
+                passes = run_recipe(recipe, base_folder, out, self.source, self.calibration, self.threads)
+        except Exception as err:  # a builder's own failure, or the deadline: recorded, the other candidates go on
+            log.info("building %s failed: %s", recipe.key, err, exc_info=not isinstance(err, deadline.TimeBudgetSpent))
+            if isinstance(err, deadline.TimeBudgetSpent):
+                deadline.cut(recipe.key, str(err))
             shutil.rmtree(out, ignore_errors=True)
             artifact = Artifact(recipe.key, None, time.monotonic() - started, error=str(err))
         else:
@@ -78,37 +106,7 @@ class Builder:
         self.built[recipe.key] = artifact
         return artifact
 
-    def _run(self, recipe: BuildRecipe, base: Artifact | None, out: Path) -> list[PassRecord]:
-        params = dict(recipe.params)
-        if recipe.method == "ort-builder":
-            from edgefleet.converter.generative.builders.ort_builder import build_with_builder
 
-            return build_with_builder(self.source.path, out, params, self.threads)
-        if recipe.method == "ort-as-is":
-            return self._copy_genai(out)
-        if recipe.method in ("ort-nbits", "ort-gptq"):
-            from edgefleet.converter.generative.builders.matmul_nbits import quantize_nbits
-
-            assert base is not None and base.folder is not None
-            return quantize_nbits(base.folder, out, params, self.calibration)
-        if recipe.method == "ov-export":
-            from edgefleet.converter.generative.builders.openvino_export import export_openvino
-
-            return export_openvino(self.source, out, str(params.get("weights", "f32")), self.threads)
-        if recipe.method == "ov-nncf":
-            from edgefleet.converter.generative.builders.nncf_weights import compress
-
-            assert base is not None and base.folder is not None
-            return compress(base.folder, out, params, self.calibration)
-        raise ValueError(f"unknown build method {recipe.method!r}")
-
-    def _copy_genai(self, out: Path) -> list[PassRecord]:
-        """An exported GenAI model as it arrived: its config, decoder file(s) and tokenizer, nothing else."""
-        source = self.source
-        assert source.onnx_file is not None
-        out.mkdir(parents=True)
-        names = [GENAI_CONFIG, *source.tokenizer_files]
-        names += [p.name for p in source.path.iterdir() if p.is_file() and p.name.startswith(source.onnx_file)]
-        for name in dict.fromkeys(names):
-            shutil.copyfile(source.path / name, out / name)
-        return [PassRecord(name="as-exported", params={"precision": source.arrived_precision})]
+def build_order(recipes: list[BuildRecipe]) -> list[BuildRecipe]:
+    """`recipes` cheapest first (a stable sort: the plan's order within a cost)."""
+    return sorted(recipes, key=lambda r: _COST[r.method] + (1 if r.params.get("awq") else 0))

@@ -17,7 +17,8 @@ from edgefleet.core.trust.signing import SigningKey
 if TYPE_CHECKING:
     from edgefleet.converter import ProfileResult
 
-DEFAULT_TIME_BUDGET_S = 60.0  # --time-budget when none is given (0: no limit)
+DEFAULT_TIME_BUDGET_S = 60.0  # --time-budget when none is given, for an ONNX model (0: no limit)
+DEFAULT_LM_TIME_BUDGET_S = 900.0  # ... for a language model (converter/generative/conversion.py: how it is spent)
 
 # The language-model defaults, for the help only (the converter applies its own, converter/generative/bars.py; the
 # CLI imports no converter module until it converts: tests/unit/converter/generative/test_generative_cli.py keeps
@@ -57,9 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--min-score", type=float, default=None, help="absolute bar on the metric (else --max-drop)")
     parser.add_argument(
-        "--time-budget", type=float, default=DEFAULT_TIME_BUDGET_S, metavar="SECONDS",
+        "--time-budget", type=float, default=None, metavar="SECONDS",
         help=f"the conversion's wall time: builds stop so that it ends within about this (default "
-        f"{DEFAULT_TIME_BUDGET_S:g} s; 0: no limit); FP32 is always built, the report names what was not tried",
+        f"{DEFAULT_TIME_BUDGET_S:g} s, {DEFAULT_LM_TIME_BUDGET_S:g} s for a language model; 0: no limit); an ONNX "
+        "model's FP32 is always built, the report names what was not tried",
     )  # fmt: skip
     parser.add_argument(
         "--no-prune", dest="prune", action="store_false",
@@ -168,8 +170,12 @@ def _ints(text: str, what: str) -> list[int]:
 def cmd_convert(args: argparse.Namespace) -> int:
     from edgefleet.cli.convert.progress import convert_progress
     from edgefleet.converter import ConvertRequest, convert
+    from edgefleet.converter.generative.source import is_generative
 
     names = list(load_profiles()) if "all" in args.profile else args.profile
+    budget = args.time_budget
+    if budget is None:
+        budget = DEFAULT_LM_TIME_BUDGET_S if is_generative(args.model) else DEFAULT_TIME_BUDGET_S
     request = ConvertRequest(
         model=args.model,
         profiles=[get_profile(n) for n in names],
@@ -191,7 +197,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         torch_model=args.torch_model,
         metric=args.metric,
         min_score=args.min_score,
-        time_budget_s=args.time_budget or None,
+        time_budget_s=budget or None,
         prune=args.prune,
         max_perplexity_ratio=args.max_perplexity_ratio,
         min_next_token_agreement=args.min_next_token_agreement,

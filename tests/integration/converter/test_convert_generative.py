@@ -20,7 +20,7 @@ from edgefleet.core.profiles import HostFacts, get_profile
 from edgefleet.core.quality.generation import GoldenPrompts
 from edgefleet.core.trust.signing import SigningKey, TrustedKeys
 
-from support.models.generative import CALIB, HELDOUT, MODEL_DIR, PROFILES, TinylmBundles, convert_tinylm
+from support.models.generative import BUDGET_S, CALIB, HELDOUT, MODEL_DIR, PROFILES, TinylmBundles, convert_tinylm
 
 ENTRY = {"onnx-genai": "model/genai_config.json", "openvino-genai": "model/openvino_model.xml"}
 FORMAT = {"onnxruntime-genai": "onnx-genai", "openvino-genai": "openvino-genai"}
@@ -83,6 +83,17 @@ def test_every_candidate_is_scored_and_every_other_one_says_why(tinylm_bundles: 
 
 
 @pytest.mark.slow
+def test_the_builds_kept_the_time_budget_and_nothing_was_cut(tinylm_bundles: TinylmBundles) -> None:
+    """The CLI's default budget for a language model: every build within the build share, in the converter's own
+    process (tinylm's weights are far under the size that repays a process per build), and the result says how long
+    the whole conversion took (the budget's mechanics, in a process per build: test_generative_build_budget)."""
+    for result in tinylm_bundles.results.values():
+        assert result.time_budget is not None, result.profile
+        assert result.time_budget["budget_s"] == BUDGET_S and result.time_budget["cut"] == []
+        assert result.time_budget["builds_in"] == "the converter's process"
+        assert 0 < float(str(result.time_budget["seconds"])) < BUDGET_S
+
+
 def test_token_latency_and_the_bandwidth_limit(tinylm_bundles: TinylmBundles) -> None:
     """Both profiles are this host (as_this_host): TTFT and TPOT measured, the manifest's latency is TPOT, and the
     limit is measured bandwidth / bytes of weights read per token."""

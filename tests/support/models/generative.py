@@ -32,6 +32,7 @@ PROFILES = ("generic-x86-64", "intel-x86-vnni")
 MODEL_DIR = TINYLM / "model"
 CALIB = TINYLM / "calib.txt"
 HELDOUT = TINYLM / "heldout.txt"
+BUDGET_S = 900.0  # tinylm_bundles' time budget: the CLI's default for a language model
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,12 @@ def convert_tinylm(
 @pytest.fixture(scope="session")
 def tinylm_bundles(tmp_path_factory: pytest.TempPathFactory, signing_key: SigningKey) -> TinylmBundles:
     """models/tinylm converted once per session (per run under xdist: support/parallel_runs.py) for generic-x86-64
-    and intel-x86-vnni, default bars, version 1."""
+    and intel-x86-vnni, default bars and the CLI's default time budget, version 1."""
     return once_per_run(tmp_path_factory, "tinylm-bundles", lambda out: _tinylm_bundles(out, signing_key))
 
 
 def _tinylm_bundles(out: Path, signing_key: SigningKey) -> TinylmBundles:
-    results = convert_tinylm(out, signing_key)
+    results = convert_tinylm(out, signing_key, time_budget_s=BUDGET_S)
     missing = {r.profile: r.error for r in results if not r.bundle}
     assert not missing, f"tinylm did not convert: {missing}"
     return TinylmBundles({r.profile: Path(str(r.bundle)) for r in results}, {r.profile: r for r in results}, out)

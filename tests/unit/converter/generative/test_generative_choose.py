@@ -3,7 +3,7 @@ profile's order; the profile's order alone when nothing passing was timed; a rea
 
 from __future__ import annotations
 
-from edgefleet.converter.generative.choose import Judged, choose
+from edgefleet.converter.generative.choose import Judged, choose, over_every_limit
 
 
 def test_the_fastest_inside_the_bars_wins() -> None:
@@ -37,3 +37,11 @@ def test_a_timed_candidate_beats_an_untimed_one() -> None:
 def test_nothing_passes() -> None:
     decision = choose([Judged("int4", 0, "agreement", 0.1, 1)])
     assert decision.chosen is None and decision.reasons == {"int4": "agreement"}
+
+
+def test_a_build_over_the_limit_of_every_profile_that_plans_it_is_refused_before_it_is_judged() -> None:
+    refused = over_every_limit(
+        {"fp32": 546_000_000, "bf16": 546_000_000, "int8": 170_000_000, "int4": 110_000_000},
+        {"fp32": [500.0], "bf16": [500.0, 1000.0], "int8": [500.0], "int4": [100.0, 500.0]},
+    )
+    assert refused == {"fp32": "546.0 MB is over the profile's 500 MB: not judged or timed"}  # bf16 fits one
