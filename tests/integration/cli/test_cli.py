@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support.cli import assert_one_line_error, edgefleet
+from support.cli import PROGRESS, assert_one_line_error, edgefleet
 from support.paths import DIGITS
 
 
@@ -39,6 +39,9 @@ def test_keys_then_convert_then_verify(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     (profile,) = json.loads(result.stdout)["profiles"]
     assert profile["accuracy"] >= 0.95 and profile["latency_ms"] > 0
+    # stderr is no terminal here: the progress is lines as it goes, never a bar that prints only at the end
+    progress = [line for line in result.stderr.splitlines() if PROGRESS.match(line)]
+    assert any("generic-x86-64" in line for line in progress), result.stderr
     assert all(c["rejected"] for c in profile["candidates"] if c["name"] != profile["recipe"])
     verified = edgefleet("bundle", "verify", profile["bundle"], "--json", home=tmp_path)
     assert verified.returncode == 0 and json.loads(verified.stdout)["ok"] is True

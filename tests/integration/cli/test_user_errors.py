@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgefleet.cli.main import main
 
+from support.cli import said
 from support.paths import REPO
 from support.servers.brokers import free_port, mosquitto_binary
 
@@ -175,7 +176,7 @@ def test_a_user_error_is_one_line_that_says_what_to_do(
     except SystemExit as exit_:  # argparse's usage errors
         code = exit_.code
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = said(err)  # the progress lines a conversion printed before it failed are not the error
     assert code not in (0, None), err
     assert len(lines) == 1 and lines[0].startswith("edgefleet: error: "), err
     for fragment in fragments:
