@@ -69,6 +69,7 @@ def main() -> int:
         parser.error("give the bench command after --")
     RESULTS.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
+    measured_at = commit()  # the code the bench runs: the checkout can move on while a long bench runs
     start = time.time()
     result = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE if args.stdout else None)
     seconds = time.time() - start
@@ -82,7 +83,7 @@ def main() -> int:
         "command": " ".join(command),
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d", time.gmtime(start)),
-        "commit": commit(),
+        "commit": measured_at,
         "wall_s": round(seconds, 1),
         "load_average": [round(v, 1) for v in (*load_before[:1], *os.getloadavg()[:1])],
     }

@@ -249,6 +249,9 @@ class ShadowRunner:
         )
         norms = np.sqrt(t.norm_shadow * t.norm_served)
         cos = 1.0 if norms == 0 and t.noise == 0 else (float(t.dot / norms) if norms else 0.0)
+        if not np.all(np.isfinite([cos, sqnr, t.max_abs])):  # NaN or infinity in an answer: no figure holds
+            return OutputScore(output=name, rule="continuous", score=0.0, passed=False,
+                               detail={"non_finite": 1.0, "mismatched": float(t.mismatched)})  # fmt: skip
         passed = (
             (check.min_sqnr_db is None or sqnr >= check.min_sqnr_db)
             and (check.min_cosine is None or cos >= check.min_cosine)

@@ -43,6 +43,7 @@ from edgefleet.converter.generative.choose import Judged, choose, over_every_lim
 from edgefleet.converter.generative.golden import GoldenReference, OwnFigures, device_golden, golden_reference
 from edgefleet.converter.generative.judge import Reference, reference_of, score
 from edgefleet.converter.generative.limit import ReadBandwidth, limit_of, read_bandwidth, weights_read_per_token
+from edgefleet.converter.generative.memory import memory_at_context
 from edgefleet.converter.generative.record import CandidateRecord
 from edgefleet.converter.generative.runtimes import REFERENCE, GenerativeRunner, open_runner
 from edgefleet.converter.generative.source import DecoderSource, load_decoder
@@ -305,6 +306,7 @@ class _Conversion:
         notes = [*plan.notes, *(f"{s.name}: not built: {s.reason}" for s in plan.skipped)]
         notes.append(f"FP32 reference perplexity {reference.perplexity:.4f} on {reference.tokens} held-out tokens")
         rows = [views[s.name].as_dict(decision.reasons.get(s.name), s.name == decision.chosen)
+                | memory_at_context(self.source, s, views[s.name].artifact.size_bytes).as_row()
                 for s in plan.candidates]  # fmt: skip
         limits = self._limits(plan, reference, bandwidth)
         if decision.chosen is None:
@@ -315,6 +317,9 @@ class _Conversion:
             )  # fmt: skip
         chosen = views[decision.chosen]
         notes.append(f"chose {chosen.name}: {decision.how}")
+        notes.append(
+            f"{chosen.name}: {memory_at_context(self.source, chosen.spec, chosen.artifact.size_bytes).summary()}"
+        )
         self.progress(f"{profile.name}: golden prompts and signing ({chosen.name})")
         document, own = self._golden(chosen, golden, plan.threads)
         notes.append(

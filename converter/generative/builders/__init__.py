@@ -1,6 +1,8 @@
 """Building generative artifacts: each `BuildRecipe` (candidates.py) becomes a folder the runtime loads whole,
 through the anchors' own builders where they fit.
 
+recipes.py runs one recipe, by the module of its method:
+
 | method | module |
 |---|---|
 | ort-builder | ort_builder.py: ONNX Runtime GenAI's model builder |
@@ -12,11 +14,12 @@ through the anchors' own builders where they fit.
 A base is built before what starts from it; an artifact is built once per conversion, whatever number of
 candidates and profiles share it. A failure is recorded with its reason, never raised: the others go on.
 
-With `isolate` (a conversion with a time budget), each build runs in a process of its own: it is stopped at the
-deadline of the budget's build share (converter.deadline), where a build inside the converter's process could not be
-(the quantizers' inner loops are the libraries' own), and its working memory goes back to the system when it ends, so
-the conversion holds one build's memory at a time beside the runners it keeps open. A build that would start after
-the deadline is not started. Both are recorded as cuts, with the reason, like any failed build.
+With `isolate` (a large model under a time budget: converter/generative/conversion.py), each build runs in a process
+of its own (process.py starts child.py): it is stopped at the deadline of the budget's build share
+(converter.deadline), where a build inside the converter's process could not be (the quantizers' inner loops are the
+libraries' own), and its working memory goes back to the system when it ends, so the conversion holds one build's
+memory at a time beside the runners it keeps open. A build that would start after the deadline is not started. Both
+are recorded as cuts, with the reason, like any failed build.
 """
 
 from __future__ import annotations

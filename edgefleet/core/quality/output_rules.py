@@ -195,6 +195,13 @@ def score(check: OutputCheck, got: np.ndarray | None, want: np.ndarray) -> Outpu
             output=check.output, rule=check.rule, score=0.0, passed=False,
             detail={"shape_mismatch": 1.0, "got_rank": float(len(shape) if shape else -1)},
         )  # fmt: skip
+    if got.dtype.kind in "fc" and not np.all(np.isfinite(got)):
+        # NaN or infinity: no figure of it means anything, and a NaN compares below no floor, so it fails here
+        bad = int(np.count_nonzero(~np.isfinite(got)))
+        return OutputScore(
+            output=check.output, rule=check.rule, score=0.0, passed=False,
+            detail={"non_finite": 1.0, "non_finite_values": float(bad)},
+        )  # fmt: skip
     figures = measure(check.rule, got, want)
     failures: list[bool] = []
     if check.rule == "continuous":
@@ -232,6 +239,8 @@ def explain(result: OutputScore, check: OutputCheck) -> str:
     d = result.detail
     if "shape_mismatch" in d:
         return f"output {result.output!r} is missing or has the wrong shape"
+    if "non_finite" in d:
+        return f"output {result.output!r} holds {d.get('non_finite_values', 0):.0f} NaN or infinite value(s)"
     if result.rule == "continuous":
         parts = []
         if check.min_sqnr_db is not None and d.get("sqnr_db", SQNR_CAP_DB) < check.min_sqnr_db:

@@ -94,6 +94,16 @@ def test_the_builds_kept_the_time_budget_and_nothing_was_cut(tinylm_bundles: Tin
         assert 0 < float(str(result.time_budget["seconds"])) < BUDGET_S
 
 
+def test_each_candidate_says_its_memory_at_the_full_context(tinylm_bundles: TinylmBundles) -> None:
+    """Weights plus the KV cache at the model's context (256 tokens for tinylm), per candidate and for the chosen one
+    (the arithmetic: tests/unit/converter/generative/test_generative_memory.py)."""
+    for result in tinylm_bundles.results.values():
+        for row in result.candidates:
+            assert row["context_tokens"] == 256 and row["kv_cache_precision"] in ("f32", "u8"), row
+            assert float(str(row["memory_mb_at_context"])) > float(str(row["kv_cache_mb_at_context"])) > 0, row
+        assert any(f"{result.recipe}: memory at the model's context of 256 tokens" in n for n in result.notes)
+
+
 def test_token_latency_and_the_bandwidth_limit(tinylm_bundles: TinylmBundles) -> None:
     """Both profiles are this host (as_this_host): TTFT and TPOT measured, the manifest's latency is TPOT, and the
     limit is measured bandwidth / bytes of weights read per token."""

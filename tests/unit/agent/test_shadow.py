@@ -97,3 +97,20 @@ def test_continuous_outputs_are_compared_by_sqnr_and_cosine() -> None:
     finally:
         runner.close()
     assert scored.rule == "continuous" and not scored.passed and scored.detail["sqnr_db"] < 80
+
+
+def test_a_shadow_that_answers_nan_fails_its_report_instead_of_breaking_it() -> None:
+    """NaN makes every continuous figure NaN, which a report refuses to carry: the output fails with a score of 0."""
+    values = np.random.default_rng(1).random((8, 1, 1)).astype(np.float32)
+    check = derive_check("y", values, values, 1e-3)
+    runner = ShadowRunner(
+        "s", lambda feeds: {"y": feeds["x"] * np.nan}, {"y": check}, ShadowConfig(share=1.0, cpu_budget=4.0, queue=64)
+    )
+    try:
+        for v in values:
+            runner.offer({"x": v}, {"y": v})
+        _wait(lambda: runner.mirrored == 8)
+        (scored,) = runner.report().per_output
+    finally:
+        runner.close()
+    assert not scored.passed and scored.score == 0.0 and scored.detail["non_finite"] == 1.0

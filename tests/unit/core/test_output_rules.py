@@ -8,7 +8,7 @@ import pytest
 
 from edgefleet.core.bundle.manifest import GoldenSpec
 from edgefleet.core.quality.golden import GoldenSet, argmax_agreement, compare
-from edgefleet.core.quality.output_rules import classify, derive_check, derive_checks, score
+from edgefleet.core.quality.output_rules import classify, derive_check, derive_checks, explain, score
 from edgefleet.core.tensors import Dataset
 
 RNG = np.random.default_rng(7)
@@ -111,3 +111,17 @@ def test_a_missing_or_misshapen_output_scores_zero() -> None:
     check = derive_check("logits", reference, reference, 1e-3)
     assert not score(check, None, reference).passed
     assert score(check, reference[:, :, :5], reference).score == 0.0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_an_output_that_is_not_finite_fails_with_a_score_of_zero_and_says_so(bad: float) -> None:
+    """A perturbed ppocr-det build gave NaN maps on a device: its golden check raised a validation error instead of
+    failing (bench/rollout_corpus.py), and a NaN compares below no floor, so it must never reach the comparisons."""
+    reference = RNG.random((16, 1, 8, 8)).astype(np.float32)
+    check = derive_check("map", reference, reference, 1e-3)
+    got = reference.copy()
+    got[3, 0, 2, 2] = bad
+    result = score(check, got, reference)
+    assert not result.passed and result.score == 0.0
+    assert result.detail["non_finite"] == 1.0
+    assert explain(result, check) == "output 'map' holds 1 NaN or infinite value(s)"
