@@ -7,13 +7,12 @@ profile's threads (timing.py); set them against the measured read bandwidth (lim
 (choose.py), write the golden prompts from FP32 with the chosen artifact's own floors (golden.py) and sign the
 bundle (bundle.py). The work directory inside `out` is removed whatever happens.
 
-The time budget (`--time-budget`; the CLI's default for a language model is DEFAULT_BUDGET_S there) counts from the
-start. Builds go cheapest first and may run until BUILD_SHARE of it: later ones are not started, and a model of
-OWN_PROCESS_FROM_BYTES or more builds each in its own process (builders/), stopped if still running then (each is
-listed as cut, with the reason). Judging, timing and
-signing what was built take the rest; they are not cut, and the result says how long the whole conversion took. An
-artifact over the size limit of every profile that plans it is refused as soon as it is built: it is neither judged
-nor timed.
+The time budget (`--time-budget`; the CLI's default for a language model is DEFAULT_LM_TIME_BUDGET_S in
+edgefleet/cli/convert/command.py) counts from the start. Builds go cheapest first and may run until BUILD_SHARE of
+it: later ones are not started, and a model of OWN_PROCESS_FROM_BYTES or more builds each in its own process
+(builders/), stopped if still running then (each is listed as cut, with the reason). Judging, timing and signing what
+was built take the rest; they are not cut, and the result says how long the whole conversion took. An artifact over
+the size limit of every profile that plans it is refused as soon as it is built: it is neither judged nor timed.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The child is a fresh interpreter (`python -m` child.py), not a fork: the converter's process holds runtime
 threads, and a spawned `multiprocessing` child would import the caller's main module again, which a user's script
 without a main guard does not survive. The recipe and its inputs go in, and the passes or the error come back, as
-pickles in files beside the artifact (a builder may print on stdout, which the child leaves to the terminal).
+pickles in files beside the artifact. What a builder prints goes to stderr, so that `convert --json` keeps stdout.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def in_own_process(
     answer.unlink(missing_ok=True)
     order.write_bytes(pickle.dumps((recipe, base, out, source, calibration, threads)))
     started = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-m", CHILD, str(order), str(answer)], stdin=subprocess.DEVNULL)
+    command = [sys.executable, "-m", CHILD, str(order), str(answer)]
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.__stderr__ or subprocess.DEVNULL)
     try:
         code = child.wait(timeout_s)
     except subprocess.TimeoutExpired:
