@@ -34,7 +34,7 @@ import numpy as np
 
 from edgefleet.converter import deadline
 from edgefleet.converter.generative.builders.process import in_own_process
-from edgefleet.converter.generative.builders.recipes import run_recipe
+from edgefleet.converter.generative.builders.recipes import BuildOrder, run_recipe
 from edgefleet.converter.generative.candidates import BuildRecipe
 from edgefleet.converter.generative.source import DecoderSource
 from edgefleet.core.bundle.manifest import PassRecord
@@ -91,12 +91,9 @@ class Builder:
             self.built[recipe.key] = Artifact(recipe.key, None, 0.0, error=how)
             return self.built[recipe.key]
         started = time.monotonic()
-        base_folder = base.folder if base is not None else None
+        order = BuildOrder(recipe, base.folder if base else None, out, self.source, self.calibration, self.threads)
         try:
-            if self.isolate:
-                passes = in_own_process(recipe, base_folder, out, self.source, self.calibration, self.threads, left)
-            else:
-                passes = run_recipe(recipe, base_folder, out, self.source, self.calibration, self.threads)
+            passes = in_own_process(order, left) if self.isolate else run_recipe(order)
         except Exception as err:  # a builder's own failure, or the deadline: recorded, the other candidates go on
             log.info("building %s failed: %s", recipe.key, err, exc_info=not isinstance(err, deadline.TimeBudgetSpent))
             if isinstance(err, deadline.TimeBudgetSpent):

@@ -6,13 +6,14 @@ import pickle
 import sys
 from pathlib import Path
 
-from edgefleet.converter.generative.builders.recipes import run_recipe
+from edgefleet.converter.generative.builders.recipes import BuildOrder, run_recipe
 
 
 def main(order: Path, answer: Path) -> int:
-    recipe, base, out, source, calibration, threads = pickle.loads(order.read_bytes())
+    build = pickle.loads(order.read_bytes())
+    assert isinstance(build, BuildOrder), type(build)
     try:
-        result: tuple[str, object] = ("ok", run_recipe(recipe, base, out, source, calibration, threads))
+        result: tuple[str, object] = ("ok", run_recipe(build))
     except Exception as err:  # sent back: the converter records it as the build's failure, the others go on
         result = ("error", str(err) or type(err).__name__)
     partial = answer.with_name(answer.name + ".tmp")

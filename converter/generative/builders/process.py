@@ -12,13 +12,9 @@ import pickle
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-import numpy as np
 
 from edgefleet.converter.deadline import TimeBudgetSpent
-from edgefleet.converter.generative.candidates import BuildRecipe
-from edgefleet.converter.generative.source import DecoderSource
+from edgefleet.converter.generative.builders.recipes import BuildOrder
 from edgefleet.core.bundle.manifest import PassRecord
 
 __all__ = ["in_own_process"]
@@ -27,21 +23,14 @@ STOP_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
 CHILD = "edgefleet.converter.generative.builders.child"  # what the child runs (nothing imports it)
 
 
-def in_own_process(
-    recipe: BuildRecipe,
-    base: Path | None,
-    out: Path,
-    source: DecoderSource,
-    calibration: list[np.ndarray],
-    threads: int,
-    timeout_s: float | None,
-) -> list[PassRecord]:
-    """`run_recipe` in a child process, stopped after `timeout_s`. Raises TimeBudgetSpent when it was stopped, and a
-    RuntimeError with the build's own message when it failed."""
+def in_own_process(build: BuildOrder, timeout_s: float | None) -> list[PassRecord]:
+    """`run_recipe(build)` in a child process, stopped after `timeout_s`. Raises TimeBudgetSpent when it was stopped,
+    and a RuntimeError with the build's own message when it failed."""
+    out = build.out
     order, answer = out.with_name(f".{out.name}.order"), out.with_name(f".{out.name}.answer")
     out.parent.mkdir(parents=True, exist_ok=True)
     answer.unlink(missing_ok=True)
-    order.write_bytes(pickle.dumps((recipe, base, out, source, calibration, threads)))
+    order.write_bytes(pickle.dumps(build))
     started = time.monotonic()
     command = [sys.executable, "-m", CHILD, str(order), str(answer)]
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.__stderr__ or subprocess.DEVNULL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,39 +12,46 @@ from edgefleet.converter.generative.candidates import BuildRecipe
 from edgefleet.converter.generative.source import GENAI_CONFIG, DecoderSource
 from edgefleet.core.bundle.manifest import PassRecord
 
-__all__ = ["run_recipe"]
+__all__ = ["BuildOrder", "run_recipe"]
 
 
-def run_recipe(
-    recipe: BuildRecipe,
-    base: Path | None,
-    out: Path,
-    source: DecoderSource,
-    calibration: list[np.ndarray],
-    threads: int,
-) -> list[PassRecord]:
-    """Build `recipe` into `out` (from the artifact in `base` for a post-pass): the passes it ran."""
+@dataclass(frozen=True)
+class BuildOrder:
+    """One build: `recipe` into `out` (from the artifact in `base` for a post-pass), what it reads and its threads.
+    Built here or in a child process (process.py), which receives it whole."""
+
+    recipe: BuildRecipe
+    base: Path | None
+    out: Path
+    source: DecoderSource
+    calibration: list[np.ndarray]
+    threads: int
+
+
+def run_recipe(order: BuildOrder) -> list[PassRecord]:
+    """Build the order's recipe into its folder: the passes it ran."""
+    recipe, base, out, source = order.recipe, order.base, order.out, order.source
     params = dict(recipe.params)
     if recipe.method == "ort-builder":
         from edgefleet.converter.generative.builders.ort_builder import build_with_builder
 
-        return build_with_builder(source.path, out, params, threads)
+        return build_with_builder(source.path, out, params, order.threads)
     if recipe.method == "ort-as-is":
         return _copy_genai(source, out)
     if recipe.method in ("ort-nbits", "ort-gptq"):
         from edgefleet.converter.generative.builders.matmul_nbits import quantize_nbits
 
         assert base is not None
-        return quantize_nbits(base, out, params, calibration)
+        return quantize_nbits(base, out, params, order.calibration)
     if recipe.method == "ov-export":
         from edgefleet.converter.generative.builders.openvino_export import export_openvino
 
-        return export_openvino(source, out, str(params.get("weights", "f32")), threads)
+        return export_openvino(source, out, str(params.get("weights", "f32")), order.threads)
     if recipe.method == "ov-nncf":
         from edgefleet.converter.generative.builders.nncf_weights import compress
 
         assert base is not None
-        return compress(base, out, params, calibration)
+        return compress(base, out, params, order.calibration)
     raise ValueError(f"unknown build method {recipe.method!r}")
 
 
