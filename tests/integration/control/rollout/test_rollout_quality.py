@@ -126,7 +126,10 @@ def test_an_agreeing_shadow_leads_into_the_waves(
         rollout_id = fleet.start(thresholds=THRESHOLDS, shadow=shadow)
         canary = wait_until("the canary running the shadow", lambda: next(
             (d for d, s in fleet.sims.devices.items() if s.shadow is not None), None))  # fmt: skip
-        assert fleet.store.published()[(canary, "default")].shadow_bundle_id == fleet.manifests["v2"].bundle_id
+        # The sync records what the broker acknowledged, so the device can hear of it before the store has it
+        recorded = wait_until("the canary's published desired state in the store", lambda: fleet.store.published().get(
+            (canary, "default")))  # fmt: skip
+        assert recorded.shadow_bundle_id == fleet.manifests["v2"].bundle_id
         doc = finished(fleet.store, rollout_id)
         assert doc.state == "succeeded", doc.log
         assert doc.shadow is not None and doc.shadow.state == "passed"
