@@ -2,8 +2,10 @@
 
 A metric scores a candidate's outputs against the FP32 reference (and the labels when given); higher is better.
 Built in: `top1`, `argmax-agreement`, `topK` (e.g. top5), `per-position-agreement`, `mask-iou@T` (e.g.
-mask-iou@0.3), `mask-iou-mae@T` (the lower of that IoU and 1 − mean |Δp|), `cosine`, `sqnr-db` (worst slice),
-`prob-mae` (1 − mean |Δp|), `relative-error` (1 − Σ|Δ| / Σ|y|), `detection-f1` (a recognized detection head).
+mask-iou@0.3), `mask-iou-mae@T` (the lower of that IoU and 1 − mean |Δp|), `mask-f1@T` and `mask-f1-mae@T` (the
+same with the positives' F1), `ctc-char-accuracy@B` (greedy CTC text, blank class B, 1 − CER against FP32),
+`cosine`, `sqnr-db` (worst slice), `prob-mae` (1 − mean |Δp|), `relative-error` (1 − Σ|Δ| / Σ|y|),
+`detection-f1` (a recognized detection head).
 A user metric is `path/to/file.py:function` (converter.metrics.user).
 """
 
@@ -16,6 +18,7 @@ import numpy as np
 from edgefleet.converter.metrics import (
     agreement,
     cosine,
+    ctc_text,
     detection,
     mae,
     mask_iou,
@@ -46,6 +49,9 @@ _PARAMETRIC: dict[str, tuple[str, Callable[[str], Metric]]] = {
     "top": ("topK, e.g. top5", lambda p: topk.make(int(p))),
     "mask-iou-mae@": ("mask-iou-mae@THRESHOLD, e.g. mask-iou-mae@0.5", lambda p: mask_iou.make_with_mae(float(p))),
     "mask-iou@": ("mask-iou@THRESHOLD, e.g. mask-iou@0.3", lambda p: mask_iou.make(float(p))),
+    "mask-f1-mae@": ("mask-f1-mae@THRESHOLD, e.g. mask-f1-mae@0.5", lambda p: mask_iou.make_f1_with_mae(float(p))),
+    "mask-f1@": ("mask-f1@THRESHOLD, e.g. mask-f1@0.5", lambda p: mask_iou.make_f1(float(p))),
+    "ctc-char-accuracy@": ("ctc-char-accuracy@BLANK, e.g. ctc-char-accuracy@0", lambda p: ctc_text.make(int(p))),
 }
 
 

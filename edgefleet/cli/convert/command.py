@@ -53,8 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--metric",
         default=None,
-        help="task metric: top1, argmax-agreement, topK, per-position-agreement, mask-iou@T, cosine, sqnr-db, "
-        "prob-mae, detection-f1, or path.py:function(reference_outputs, candidate_outputs, labels) -> score",
+        help="task metric: top1, argmax-agreement, topK, per-position-agreement, ctc-char-accuracy@BLANK, mask-iou@T, "
+        "mask-iou-mae@T, mask-f1@T, mask-f1-mae@T, cosine, sqnr-db, prob-mae, relative-error, detection-f1, or "
+        "path.py:function(reference_outputs, candidate_outputs, labels) -> score (default: by the output's kind)",
     )
     parser.add_argument("--min-score", type=float, default=None, help="absolute bar on the metric (else --max-drop)")
     parser.add_argument(

@@ -8,14 +8,20 @@ By output kind (the first output that is not an input passed through):
   for a sequence;
 - a sequence of distributions (CTC, token heads: rows that sum to 1 or log-sum-exp to 0), token logits named
   so, or positions of scores with one clear winner at most positions and several different winners (a recognizer's
-  raw logits, whatever its exporter named them) → `per-position-agreement`;
+  raw logits, whatever its exporter named them): a CTC head, whose most frequent winner is class 0 or the last
+  class and wins at least CTC_BLANK_SHARE of the positions (the blank), → `ctc-char-accuracy@B`, the greedy CTC
+  text against FP32's (1 − the character error rate: a position flipping between the blank and a repeated
+  character changes no text, and per-position agreement counted it); any other → `per-position-agreement`;
 - a vector per sample: class scores (labels given, a distribution, a class-like name, or confident: most of its
   entry clearly above the rest in most samples) → `top1` / `argmax-agreement`; per-entry probabilities (sigmoid
   outputs, masks) → `mask-iou-mae@0.5`; an embedding (an embedding-like name, unit-norm rows, or any other
   feature vector) → `cosine`;
 - a probability map or heatmap (values in [0, 1]) and one probability per sample → `mask-iou-mae@0.5`: the
   positives at the 0.5 threshold (IoU) and the probabilities themselves (1 − mean absolute error), the lower
-  of the two;
+  of the two; a sparse map (under SPARSE_SHARE of FP32's values are positives: onsets, notes, peaks, events)
+  → `mask-f1-mae@0.5`, the positives' F1 in place of their IoU: such a map's user counts events by F1, and its
+  few positives make the IoU swing with a handful of pixels at the threshold (basic-pitch's BF16 onsets: IoU
+  0.9495, F1 0.974, note F1 0.975, bench/default_rules.py);
 - anything else (a regression, a map of other values, hidden states) → `relative-error` (1 − Σ|Δ| / Σ|FP32|).
 
 Each rule carries the drop below FP32 it allows by default (a mask is judged by 0.05 of IoU, a class by 0.01 of
@@ -38,6 +44,9 @@ CONFIDENT_SHARE = 0.6  # ... in at least this share of the samples
 MIN_WINNER_WIDTH = 5  # fewer unnamed scores than this cannot show a winner: read as a regression
 MIN_DISTINCT_WINNERS = 3  # sequence logits: positions of a sequence won by at least this many different classes
 MASK_THRESHOLD = 0.5
+SPARSE_SHARE = 0.05  # a map whose positives are under this share of its values is judged by their F1
+CTC_BLANK_SHARE = 0.3  # a sequence head whose class 0 or last class wins this share of positions is CTC
+MAX_CTC_POSITIONS = 1024  # longer sequences keep per-position agreement (the edit distance is quadratic)
 EMBEDDING_NAME = re.compile(
     r"embed|emb\b|emb_|feature|feat\b|vector|pool|sentence|encod|hidden|latent|descriptor", re.I
 )
@@ -45,7 +54,8 @@ CLASS_NAME = re.compile(r"logit|prob|score|class|cls|label|softmax|pred", re.I)
 SEQUENCE_NAME = re.compile(r"ctc|logit|log_prob|token", re.I)
 DEFAULT_DROP = {
     "top1": 0.01, "argmax-agreement": 0.01, "per-position-agreement": 0.01, "cosine": 0.01,
-    "mask-iou-mae": 0.05, "detection-f1": 0.05, "relative-error": 0.02,
+    "mask-iou-mae": 0.05, "mask-f1-mae": 0.05, "detection-f1": 0.05, "relative-error": 0.02,
+    "ctc-char-accuracy": 0.01,
 }  # fmt: skip
 
 
@@ -112,6 +122,24 @@ def _sequence_logits(name: str, rows: np.ndarray) -> bool:
     )  # fmt: skip
 
 
+def _sequence(name: str, rows: np.ndarray, positions: int, why: str) -> TaskRule:
+    """A sequence head's rule: CTC text where one class, 0 or the last, is a blank (it wins CTC_BLANK_SHARE of the
+    positions or more), else per-position agreement. `rows`: [samples x positions, classes]."""
+    winners = np.argmax(rows, axis=1)
+    counts = np.bincount(winners, minlength=rows.shape[1])
+    blank = int(np.argmax(counts))
+    share = counts[blank] / max(1, len(winners))
+    if blank in (0, rows.shape[1] - 1) and share >= CTC_BLANK_SHARE and positions <= MAX_CTC_POSITIONS:
+        why += f"; class {blank} wins {share:.0%} of the positions, a CTC blank: the decoded text is judged"
+        return _rule(f"ctc-char-accuracy@{blank}", name, "sequence", why)
+    return _rule("per-position-agreement", name, "sequence", why)
+
+
+def _sparse(flat: np.ndarray) -> bool:
+    finite = flat[np.isfinite(flat)]
+    return bool(finite.size) and float(np.mean(finite > MASK_THRESHOLD)) < SPARSE_SHARE
+
+
 def _unit_norm(rows: np.ndarray) -> bool:
     norms = np.linalg.norm(rows.astype(np.float64), axis=1)
     return bool(norms.size) and bool(np.allclose(norms, 1.0, atol=1e-3))
@@ -150,17 +178,16 @@ def _by_shape(name: str, ref: np.ndarray, labels: np.ndarray | None, class_label
         return _rule("relative-error", name, "regression", f"{ref.dtype} values")
     flat = ref.reshape(len(ref), -1)
     if len(dims) == 2 and 2 <= dims[-1] <= MAX_CLASSES and ref.shape[-1] == dims[-1]:
-        if _distributions(ref.reshape(-1, ref.shape[-1])):
-            why = f"{dims[0]} positions x {dims[1]} classes whose rows are distributions (CTC / token head)"
-            return _rule("per-position-agreement", name, "sequence", why)
-        if SEQUENCE_NAME.search(name) and not EMBEDDING_NAME.search(name):
-            why = f"{dims[0]} positions x {dims[1]} scores, named {name!r}"
-            return _rule("per-position-agreement", name, "sequence", why)
         rows = ref.reshape(-1, ref.shape[-1])
+        if _distributions(rows):
+            why = f"{dims[0]} positions x {dims[1]} classes whose rows are distributions (CTC / token head)"
+            return _sequence(name, rows, dims[0], why)
+        if SEQUENCE_NAME.search(name) and not EMBEDDING_NAME.search(name):
+            return _sequence(name, rows, dims[0], f"{dims[0]} positions x {dims[1]} scores, named {name!r}")
         if _sequence_logits(name, rows):
             why = (f"{dims[0]} positions x {dims[1]} scores with one clear winner at most positions, and the winners "
                    "vary (sequence logits: a CTC or token head)")  # fmt: skip
-            return _rule("per-position-agreement", name, "sequence", why)
+            return _sequence(name, rows, dims[0], why)
     if len(dims) == 1 and 2 <= dims[0] <= MAX_CLASSES:
         width = dims[0]
         if labels is not None:
@@ -185,7 +212,13 @@ def _by_shape(name: str, ref: np.ndarray, labels: np.ndarray | None, class_label
             return _rule(classes, name, "class-scores", why)
         return _rule("cosine", name, "embedding", f"a {width}-d feature vector per sample (no clear winning class)")
     if _in_unit_range(flat):
-        what = "one probability per sample" if per_sample <= 1 else f"a map of {per_sample} values in [0, 1]"
+        if per_sample <= 1:
+            return _rule(mask, name, "probability-map", "one probability per sample")
+        what = f"a map of {per_sample} values in [0, 1]"
+        if _sparse(flat):
+            share = float(np.mean(flat[np.isfinite(flat)] > MASK_THRESHOLD))
+            what += f", {share:.1%} of them positives at {MASK_THRESHOLD:g} (sparse: judged by their F1)"
+            return _rule(f"mask-f1-mae@{MASK_THRESHOLD:g}", name, "probability-map", what)
         return _rule(mask, name, "probability-map", what)
     if len(dims) == 2 and EMBEDDING_NAME.search(name):
         return _rule("cosine", name, "embedding", f"{dims[0]} x {dims[1]} hidden states named {name!r}")

@@ -71,6 +71,57 @@ def per_position(reference: Outputs, candidate: Outputs, labels: np.ndarray | No
     return float(np.mean(want == got)) if want.size else 1.0
 
 
+def ctc_decode(classes: np.ndarray, blank: int) -> list[int]:
+    """Greedy CTC decoding of one sequence of per-position classes: repeats merged, then the blank dropped."""
+    text: list[int] = []
+    previous = None
+    for c in classes.tolist():
+        if c != previous and c != blank:
+            text.append(c)
+        previous = c
+    return text
+
+
+def edit_distance(a: list[int], b: list[int]) -> int:
+    """Levenshtein distance (insertions, deletions and substitutions, each 1)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
+    return row[-1]
+
+
+def sequences(values: np.ndarray) -> np.ndarray:
+    """[samples, ...] → [samples, positions] classes: the argmax of scores over the last axis (ids as they are),
+    every other axis but the first read as positions in order (a [T, 1, C] time-first head per sample included)."""
+    classes = _classes(values)
+    return classes.reshape(len(classes), -1)
+
+
+def ctc_text(blank: int) -> ScoreFn:
+    """A CTC head judged by what its user reads: each sample's positions decoded greedily (repeats merged, `blank`
+    dropped), 1 − the character error rate of the candidate's text against the reference's over the whole set
+    (total edit distance over the reference's total characters; 1.0 where neither reads a character)."""
+    if blank < 0:
+        raise ValueError("the blank class is a class index, >= 0")
+
+    def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+        want, got = first(reference), first(candidate)
+        if want.shape != got.shape:
+            return 0.0
+        errors = characters = 0
+        for ref, cand in zip(sequences(want), sequences(got), strict=True):
+            ref_text = ctc_decode(ref, blank)
+            errors += edit_distance(ref_text, ctc_decode(cand, blank))
+            characters += len(ref_text)
+        if characters == 0:
+            return 1.0 if errors == 0 else 0.0
+        return max(0.0, 1.0 - errors / characters)
+
+    return fn
+
+
 def cosine(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
     """Mean over samples of the cosine similarity of the first output with the reference's."""
     want, got = per_sample(first(reference)).astype(np.float64), per_sample(first(candidate)).astype(np.float64)
@@ -102,6 +153,30 @@ def mask_iou_mae(threshold: float) -> ScoreFn:
 
     def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
         return min(iou(reference, candidate, labels), prob_closeness(reference, candidate, labels))
+
+    return fn
+
+
+def mask_f1(threshold: float) -> ScoreFn:
+    """The F1 (Dice) of the positives at `threshold` against the reference's, over the whole set: 2|A∩B| / (|A|+|B|),
+    1.0 where neither has a positive. Monotone in the IoU (F1 = 2 IoU / (1 + IoU)); its bar reads as an event
+    detector's F1."""
+
+    def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+        want, got = first(reference) > threshold, first(candidate) > threshold
+        total = int(np.count_nonzero(want)) + int(np.count_nonzero(got))
+        return 1.0 if total == 0 else 2.0 * float(np.count_nonzero(want & got)) / total
+
+    return fn
+
+
+def mask_f1_mae(threshold: float) -> ScoreFn:
+    """A sparse probability map (events, onsets, peaks: few positives) judged on what its post-processing keeps and
+    on its values: the lower of the F1 of the positives at `threshold` and 1 − the mean absolute error."""
+    f1 = mask_f1(threshold)
+
+    def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
+        return min(f1(reference, candidate, labels), prob_closeness(reference, candidate, labels))
 
     return fn
 
@@ -142,6 +217,12 @@ def device_metric(name: str, reference: Outputs) -> ScoreFn | str:
             return mask_iou(float(name[len("mask-iou@") :]))
         if name.startswith("mask-iou-mae@"):
             return mask_iou_mae(float(name[len("mask-iou-mae@") :]))
+        if name.startswith("mask-f1-mae@"):
+            return mask_f1_mae(float(name[len("mask-f1-mae@") :]))
+        if name.startswith("mask-f1@"):
+            return mask_f1(float(name[len("mask-f1@") :]))
+        if name.startswith("ctc-char-accuracy@"):
+            return ctc_text(int(name[len("ctc-char-accuracy@") :]))
     except ValueError as err:
         return f"the metric {name!r} is malformed: {err}"
     if ".py:" in name:

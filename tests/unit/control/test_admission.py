@@ -105,7 +105,18 @@ def test_free_text_is_cut_never_refused_and_what_is_valid_passes_unchanged() -> 
     assert gate.admit(good) == good
 
 
-@pytest.mark.parametrize("metric", ["argmax-agreement", "mask-iou@0.5", "mask-iou-mae@0.3", "top5", "metrics.py:f1"])
+@pytest.mark.parametrize(
+    "metric",
+    [
+        "argmax-agreement",
+        "mask-iou@0.5",
+        "mask-iou-mae@0.3",
+        "mask-f1-mae@0.5",
+        "ctc-char-accuracy@0",
+        "top5",
+        "metrics.py:f1",
+    ],
+)
 def test_every_task_metric_the_converter_names_passes_in_a_golden_report(metric: str) -> None:
     """The task metric a device reports with its golden figures is the converter's name for it: a threshold metric
     (u2netp's mask-iou@0.5) refused every report of a device serving it, and its rollout timed out on "0 telemetry
