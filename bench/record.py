@@ -52,8 +52,14 @@ def machine() -> dict[str, object]:
 
 
 def commit() -> str | None:
+    """HEAD, with "+uncommitted" where tracked files outside bench/results differ from it (the code measured is then
+    not the commit's)."""
     result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return result.stdout.strip() or None
+    head = result.stdout.strip() or None
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--", ".", ":(exclude)bench/results"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return f"{head}+uncommitted" if head and changed else head
 
 
 def main() -> int:

@@ -62,6 +62,14 @@ BENCHES = [
           "line's default 60 s budget, then warm (the build cache), in one process; wall and CPU seconds per phase, "
           "wall over the budget (goal ≤ 1.1), the choice and whether it meets its bar. Every build with its time and "
           "outcome is in the JSON."),
+    Bench("budget_under_load", "Converter: the default time budget on a loaded machine (issue 31, item 7)",
+          "python bench/record.py budget_under_load -- python bench/budget_under_load.py --json "
+          "bench/results/budget_under_load.json",
+          "Per corpus model: `edgefleet convert` on defaults as a user runs it (a fresh process, the 60 s default "
+          "budget, no build cache, the profile that matches the machine), on the machine as it is and then with "
+          "two processes spinning on the cores, side by side in one run. Wall time of the command (start-up "
+          "included), the conversion's own seconds, wall over budget (goal ≤ 1.1), what the budget cut, the "
+          "recipe shipped and whether it meets its bar."),
     Bench("serve", "Agent runtime and local API against raw runtime calls",
           "python bench/record.py serve --stdout -- python bench/serve.py --json",
           "The agent's in-process overhead, the local API's added latency, throughput, idle memory, first answer."),
