@@ -8,11 +8,13 @@ import hashlib
 import logging
 import platform
 import shutil
+import time
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 
+from edgefleet.converter import deadline
 from edgefleet.converter.onnx_graph import opset_of, tensor_spec
 from edgefleet.converter.passes import custom_ops as cops
 from edgefleet.converter.passes import web
@@ -56,9 +58,11 @@ def write_bundle(
     status: TargetStatus,
     on_devices: FarmReport | None = None,
     benchmark_only: bool = False,
+    finish_by: float | None = None,
 ) -> tuple[Path, str]:
     """Sign `built` as the profile's bundle, or as a benchmark-only candidate for the devices to measure; returns
-    the bundle's path and id."""
+    the bundle's path and id. `finish_by` (time.monotonic(), --time-budget's end): the peak-memory probe runs only
+    in the time left before it, and says so where it did not."""
     assert built.outputs is not None and built.score is not None and built.prepared.model is not None
     profile = found.profile
     evaluation = inputs.evaluation
@@ -140,7 +144,9 @@ def write_bundle(
         search=search,
         drift_reference=DRIFT_REFERENCE,
         golden_hold=held,
-        resources=None if benchmark_only else _resources(inputs, found, built, target, status, staging / model_rel),
+        resources=None
+        if benchmark_only
+        else _resources(inputs, found, built, target, status, staging / model_rel, finish_by),
     )
     out_path = request.out / f"{request.name}-{request.version}-{profile.name}.bundle"
     out_path = staging.with_suffix(".bundle") if benchmark_only else out_path  # a candidate is published, not kept
@@ -148,19 +154,35 @@ def write_bundle(
     return out_path, bundle_id
 
 
+MEMORY_MIN_LEFT_S = 3.0  # the peak-memory probe (a fresh process: imports, load, runs) is not started with less left
+PACK_S = 1.0  # kept after the probe for packing and signing the bundle
+
+
 def _resources(
-    inputs: SearchRequest, found: ProfileSearch, built: Built, target: Target, status: TargetStatus, model: Path
+    inputs: SearchRequest,
+    found: ProfileSearch,
+    built: Built,
+    target: Target,
+    status: TargetStatus,
+    model: Path,
+    finish_by: float | None = None,
 ) -> ResourceNeeds | None:
-    """The bundle's peak memory on the runtime and provider it was timed on (where this host runs it), and the FLOPs
-    of one run (converter/resources.py)."""
+    """The bundle's peak memory on the runtime and provider it was timed on (where this host runs it, in the time
+    the budget leaves), and the FLOPs of one run (converter/resources.py)."""
     feeds = inputs.evaluation.sample(0)
     graph = model if model.suffix in (".onnx", ".xml") else built.prepared.model
     flops = flops_of(graph, feeds, built.spec.hint) if graph is not None else None
     threads = found.threads[0] if found.threads else inputs.threads
     figures = []
-    if status.measurable:
-        figure = measure_memory(model, target.runtime, target.providers[0], feeds, threads)
-        if figure.peak_mb is None:
+    left = None if finish_by is None else finish_by - time.monotonic() - PACK_S
+    unmeasured = "the manifest gives no peak memory: a device counts the files' size"
+    if status.measurable and left is not None and left < MEMORY_MIN_LEFT_S:
+        deadline.cut("peak memory", f"not measured: {max(left, 0.0):.0f} s were left; {unmeasured}")
+    elif status.measurable:
+        figure = measure_memory(model, target.runtime, target.providers[0], feeds, threads, timeout_s=left or 600.0)
+        if figure.timed_out and left is not None:
+            deadline.cut("peak memory", f"stopped at the time budget's end after {left:.0f} s; {unmeasured}")
+        elif figure.peak_mb is None:
             log.info("%s: peak memory not measured: %s", target.runtime, figure.reason)
         figures.append(figure)
     return resource_needs(figures, flops)

@@ -389,7 +389,9 @@ def _convert_profile(
         head_to_head=found.head_to_head.as_dict() if found.head_to_head and on_devices is None else None,
         roofline=lines, limits=limits,
     )  # fmt: skip
-    bundle_path, bundle_id = write_bundle(request, loaded, ws.work, found, built, target, status, on_devices)
+    bundle_path, bundle_id = write_bundle(
+        request, loaded, ws.work, found, built, target, status, on_devices, finish_by=ws.deadline
+    )
     result.bundle, result.bundle_id = str(bundle_path), bundle_id
     signed = parse_manifest(read_signed_manifest(bundle_path).manifest_json)  # as signed, not recomputed
     held = signed.golden_hold

@@ -99,6 +99,7 @@ class MemoryFigure:
     key: str
     peak_mb: float | None
     reason: str = ""
+    timed_out: bool = False  # the measuring process ran past its time and was stopped
 
 
 def runtime_key(runtime: str, provider: str) -> str:
@@ -107,11 +108,17 @@ def runtime_key(runtime: str, provider: str) -> str:
 
 
 def measure_memory(
-    model: Path, runtime: str, provider: str, feeds: Mapping[str, np.ndarray], threads: int = 1, runs: int = RUNS
+    model: Path,
+    runtime: str,
+    provider: str,
+    feeds: Mapping[str, np.ndarray],
+    threads: int = 1,
+    runs: int = RUNS,
+    timeout_s: float = 600.0,
 ) -> MemoryFigure:
     """The memory `model` adds to a fresh process on `runtime`/`provider` at its peak (load, warm-up, `runs`). A
     language model (`*-genai`: `model` is its folder, `feeds` unused) runs a short prompt and GENERATED_TOKENS
-    tokens, 5 times."""
+    tokens, 5 times. The process is stopped after `timeout_s` (the figure then says so)."""
     key = runtime_key(runtime, provider)
     if runtime not in RUNTIMES:
         return MemoryFigure(key, None, f"{runtime} does not run on this host")
@@ -129,10 +136,10 @@ def measure_memory(
                 "threads": threads, "runs": 2 if generative else runs, "tokens": GENERATED_TOKENS}  # fmt: skip
         try:
             done = subprocess.run(
-                [sys.executable, "-c", _PROBE, json.dumps(args)], capture_output=True, text=True, timeout=600
+                [sys.executable, "-c", _PROBE, json.dumps(args)], capture_output=True, text=True, timeout=timeout_s
             )
         except subprocess.TimeoutExpired:
-            return MemoryFigure(key, None, "the measuring process took over 600 s")
+            return MemoryFigure(key, None, f"the measuring process took over {timeout_s:.0f} s", timed_out=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
         return MemoryFigure(key, None, f"the measuring process failed: {last}")

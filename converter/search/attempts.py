@@ -100,25 +100,34 @@ def build_all(
             if attempt.built.error and attempt.built.error.startswith("stopped: the time budget"):
                 deadline.cut(attempt.built.spec.name, "stopped at the deadline before it finished: not judged")
         if ws.deadline is not None:  # a slow model needs more of the budget for its timing and golden set
-            ws.reserve_s = max(ws.reserve_s, _reserve_for(request, stage.out.attempts))
+            fastest_s = _fastest_s(stage.out.attempts)
+            ws.finish_s = max(ws.finish_s, bundle_share_s(request, fastest_s))
+            ws.reserve_s = max(ws.reserve_s, RESERVE_RUNS * fastest_s + ws.finish_s)
     phases.step("build", len(recipes), len(recipes), "done")
     return stage.out
 
 
 RESERVE_RUNS = 100  # inferences the timing takes after the builds (the finalists' rounds at the fewest runs)
 RESERVE_FIXED_S = 3.0  # ... and the bundle: signing, the manifest
-GOLDEN_BYTES_PER_S = 30e6  # ... and its golden set: inputs, reference and expected outputs, deflated
+GOLDEN_BYTES_PER_S = 30e6  # ... its golden set: inputs, reference and expected outputs, deflated
+PROBE_START_S = 2.0  # ... and its peak-memory probe: a fresh interpreter importing the runtime ...
+PROBE_RUNS = 22  # ... and running the model (converter.resources: a warm-up, RUNS, a margin)
 
 
-def _reserve_for(request: SearchRequest, attempts: Sequence[Attempt]) -> float:
-    """What the timing and the bundle will need after the builds: RESERVE_RUNS of the fastest candidate inside the
-    budget (its evaluation median: the slower ones drop out of the timing after a round), the golden set's
-    compression (u2netp's is 170 MB of float maps), and RESERVE_FIXED_S."""
+def _fastest_s(attempts: Sequence[Attempt]) -> float:
+    """The evaluation median of the fastest candidate inside the budget, in seconds (0 before there is one)."""
     medians = [statistics.median(a.built.eval_ms) for a in attempts if a.built.passed and a.built.eval_ms]
+    return min(medians, default=0.0) / 1000.0
+
+
+def bundle_share_s(request: SearchRequest, run_s: float) -> float:
+    """What the bundle needs after the timing, for a model at `run_s` a run: the golden set's compression (u2netp's
+    is 118 MB of float maps), the peak-memory probe, and RESERVE_FIXED_S. The timing keeps it (`ws.finish_s`), and
+    the builds keep it with RESERVE_RUNS of the fastest candidate for the timing (`ws.reserve_s`)."""
     golden = sum(v.nbytes for v in request.evaluation.inputs.values()) + 2 * sum(
         v.nbytes for v in request.reference.values()
     )
-    return RESERVE_RUNS * min(medians, default=0.0) / 1000.0 + golden / GOLDEN_BYTES_PER_S + RESERVE_FIXED_S
+    return golden / GOLDEN_BYTES_PER_S + PROBE_START_S + PROBE_RUNS * run_s + RESERVE_FIXED_S
 
 
 def _spent(ws: Workspace, need_s: float = 0.0) -> bool:

@@ -158,6 +158,7 @@ def _openvino_converts(model: onnx.ModelProto) -> bool:
 
 
 TIMING_RESERVE_S = 10.0  # kept from --time-budget for the timing rounds and the bundle
+FINISH_S = 2.0  # ... of which the bundle's share (golden set, peak-memory probe, signing), until a build sizes it
 
 
 @dataclass
@@ -180,6 +181,7 @@ class Workspace:
     progress: Progress = quiet
     memo: Memo = field(default_factory=Memo)
     reserve_s: float = TIMING_RESERVE_S  # kept from the deadline for the timing rounds and the bundle
+    finish_s: float = FINISH_S  # kept from the deadline by the timing for the bundle (converter.search.attempts)
     # The time budget cut the evaluation set (the machine is too slow or busy for it): optional FP32 work, the graph
     # passes, is cut too (converter.search.prepare).
     lean: bool = False

@@ -27,7 +27,6 @@ from edgefleet.core.errors import ConversionError
 
 TIMING_ROUND_S = 0.4  # per candidate and round: 7 interleaved rounds of about this long
 TIMING_ROUNDS = 7
-FINISH_S = 2.0  # kept from the deadline for writing and signing the bundle
 MIN_RUNS = 5  # timed runs per block, however slow the model
 MIN_RUNS_UNDER_BUDGET = 2  # ... when --time-budget leaves too little for that
 MIN_H2H_ROUNDS = 3  # under --time-budget, a head to head of fewer rounds is not run
@@ -51,8 +50,9 @@ def _min_runs(scale: float) -> int:
 
 
 def _left(ws: Workspace) -> float:
-    """Seconds left for timing under --time-budget, FINISH_S kept for the bundle (infinite without a budget)."""
-    return float("inf") if ws.deadline is None else ws.deadline - time.monotonic() - FINISH_S
+    """Seconds left for timing under --time-budget, the bundle's share kept (`ws.finish_s`: its golden set, the
+    peak-memory probe, signing); infinite without a budget."""
+    return float("inf") if ws.deadline is None else ws.deadline - time.monotonic() - ws.finish_s
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,9 @@ from edgefleet.core.errors import BundleError
 from edgefleet.core.tensors import LABELS_KEY, Dataset
 
 _REFERENCE, _EXPECTED = "reference/", "expected/"
+# Deflate's fastest level: a golden set of float maps (u2netp's 7 outputs, reference and expected, 17 samples: 118 MB)
+# deflates in 1.7 s to 64 MB, where numpy's savez_compressed (level 6) takes 7.6 s for 61 MB. Any level loads alike.
+_DEFLATE_LEVEL = 1
 
 
 @dataclass(frozen=True)
@@ -28,8 +32,10 @@ class GoldenSet:
             arrays[LABELS_KEY] = self.inputs.labels
         arrays.update({_REFERENCE + k: v for k, v in self.reference.items()})
         arrays.update({_EXPECTED + k: v for k, v in self.expected.items()})
-        with path.open("wb") as handle:
-            np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=_DEFLATE_LEVEL) as archive:
+            for name, values in arrays.items():  # the layout np.savez writes: NAME.npy per array
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(values), allow_pickle=False)
 
     @classmethod
     def load(cls, path: Path, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> GoldenSet:

@@ -4,16 +4,21 @@ show` and the conversion report show them. Real ONNX Runtime, real conversions."
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edgefleet.converter import deadline
+from edgefleet.converter.bundle import PACK_S, _resources
 from edgefleet.converter.resources import flops_of, measure_memory
 from edgefleet.core.bundle.archive import read_signed_manifest
 from edgefleet.core.bundle.manifest import Manifest
+from edgefleet.core.tensors import Dataset
 
 from support.cli import edgefleet
 from support.models.generative import TinylmBundles
@@ -57,6 +62,31 @@ def test_a_runtime_this_host_cannot_run_is_not_measured_and_says_why(tmp_path: P
     assert figure.peak_mb is None and "does not run on this host" in figure.reason
     figure = measure_memory(model, "onnxruntime", "TensorrtExecutionProvider", feeds)
     assert figure.peak_mb is None and "not available" in figure.reason
+
+
+def test_a_probe_past_its_time_is_stopped_and_says_so(tmp_path: Path) -> None:
+    model, _ = _mlp(tmp_path / "m.onnx", 64, 1)
+    figure = measure_memory(model, "onnxruntime", "CPUExecutionProvider", {"x": np.ones((1, 64), np.float32)},
+                            timeout_s=0.001)  # fmt: skip
+    assert figure.timed_out and figure.peak_mb is None and "took over 0 s" in figure.reason
+
+
+def test_under_a_time_budget_the_probe_runs_only_in_the_time_left_and_the_cut_is_recorded(tmp_path: Path) -> None:
+    """The peak-memory probe is a fresh process (imports, load, runs: 12 s for u2netp on a busy 2-core machine): with
+    less than MEMORY_MIN_LEFT_S of the budget left it is not started, and the conversion says so."""
+    model, _ = _mlp(tmp_path / "m.onnx", 64, 1)
+    inputs = SimpleNamespace(evaluation=Dataset({"x": np.ones((2, 1, 64), np.float32)}, None), threads=1)
+    built = SimpleNamespace(prepared=SimpleNamespace(model=None), spec=SimpleNamespace(hint=None))
+    target = SimpleNamespace(runtime="onnxruntime", providers=("CPUExecutionProvider",))
+    parts = (inputs, SimpleNamespace(threads=[1]), built, target, SimpleNamespace(measurable=True), model)
+    with deadline.recording_cuts() as cuts:
+        late = _resources(*parts, finish_by=time.monotonic() + PACK_S + 1.0)  # type: ignore[arg-type]
+    assert late is not None and late.peak_memory_mb == {} and late.flops_per_run  # FLOPs are counted, not run
+    ((what, how),) = [(c.what, c.how) for c in cuts]
+    assert what == "peak memory" and how.startswith("not measured") and "counts the files' size" in how
+    with deadline.recording_cuts() as cuts:
+        early = _resources(*parts, finish_by=time.monotonic() + 300.0)  # type: ignore[arg-type]
+    assert early is not None and early.peak_memory_mb["onnxruntime/CPUExecutionProvider"] is not None and not cuts
 
 
 def test_flops_are_the_rooflines_count(tmp_path: Path) -> None:

@@ -52,7 +52,9 @@ KINDS = {
     "confident logits": ({"out": _winners(16, 10)}, "argmax-agreement", "class-scores"),
     "logits by name": ({"logits": RNG.normal(size=(16, 10))}, "argmax-agreement", "class-scores"),
     "a token head, no class dominating": (
-        {"softmax_0": _softmax(RNG.normal(size=(16, 40, 97)))}, "per-position-agreement", "sequence"
+        {"softmax_0": _softmax(RNG.normal(size=(16, 40, 97)))},
+        "per-position-agreement",
+        "sequence",
     ),
     "a softmax sequence shaped like a YOLO table (40 positions x 6625 classes), no blank": (
         {"softmax_11.tmp_0": _softmax(_winners(16 * 40, 6625).reshape(16, 40, 6625))},

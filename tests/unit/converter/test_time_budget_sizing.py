@@ -5,15 +5,21 @@ and whatever was cut is recorded for the report (converter.deadline)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgefleet.converter import deadline
 from edgefleet.converter.conversion import MIN_EVAL_SAMPLES, REFERENCE_SHARE, sized_reference
 from edgefleet.converter.runners import Runner, ort_runner, predict
-from edgefleet.converter.search.timing import TimingFit, fit_timing
+from edgefleet.converter.search.attempts import GOLDEN_BYTES_PER_S, PROBE_RUNS, bundle_share_s
+from edgefleet.converter.search.request import SearchRequest, Workspace
+from edgefleet.converter.search.timing import TimingFit, _left, fit_timing
 from edgefleet.core.tensors import Dataset
 
 
@@ -97,3 +103,23 @@ def test_timing_that_does_not_fit_runs_fewer_rounds_of_one_run_within_what_is_le
 def test_timing_that_cannot_fit_its_fewest_rounds_is_not_run() -> None:
     assert fit_timing(USUAL, left=5.0, blocks=2, ms=2000.0, fewest_rounds=1) is None
     assert fit_timing(USUAL, left=30.0, blocks=2, ms=2000.0, fewest_rounds=3, extra_runs=3) is None  # a head to head
+
+
+def _data(outputs: dict[str, tuple[int, ...]]) -> SearchRequest:
+    evaluation = Dataset({"x": np.zeros((24, 1, 3, 32, 32), np.float32)}, None)
+    reference = {name: np.zeros(shape, np.float32) for name, shape in outputs.items()}
+    return cast(SearchRequest, SimpleNamespace(evaluation=evaluation, reference=reference))
+
+
+def test_the_bundles_share_grows_with_its_golden_set_and_the_models_run_time() -> None:
+    """u2netp: 7 maps of 320 x 320 per sample, reference and expected in the golden set; a classifier: 10 scores."""
+    maps, scores = _data({f"d{i}": (24, 1, 1, 320, 320) for i in range(7)}), _data({"y": (24, 10)})
+    extra = 2 * (7 * 24 * 320 * 320 - 24 * 10) * 4
+    assert bundle_share_s(maps, 0.0) - bundle_share_s(scores, 0.0) == pytest.approx(extra / GOLDEN_BYTES_PER_S)
+    assert bundle_share_s(scores, 0.3) - bundle_share_s(scores, 0.0) == pytest.approx(PROBE_RUNS * 0.3)  # the probe
+
+
+def test_the_timing_leaves_the_bundle_its_share_of_the_budget(tmp_path: Path) -> None:
+    ws = Workspace(work=tmp_path, deadline=time.monotonic() + 30.0, finish_s=20.0)
+    assert 9.0 < _left(ws) <= 10.0  # 30 s to the deadline, 20 s of them the bundle's
+    assert _left(Workspace(work=tmp_path)) == float("inf")
