@@ -431,11 +431,25 @@ def _search_cost(doc: list[dict[str, Any]]) -> str:
     )
 
 
+def _budget_under_load(doc: list[dict[str, Any]]) -> str:
+    loaded = [r for r in doc if r["run"] != "as is"]
+    worst = max(loaded, key=lambda r: r["wall_over_budget"])
+    met = all(r["goal_met"] for r in loaded)
+    models = ", ".join(f"{r['model']} {r['wall_s']:.0f} s" for r in loaded)
+    bars = "every bundle meets its bar" if all(r.get("meets_bar") for r in loaded) else "a bundle misses its bar"
+    return (
+        f"a cold `edgefleet convert` on defaults with {loaded[0]['run']} processes spinning on the cores: {models}; "
+        f"at most {worst['wall_over_budget']:.2f}× the 60 s budget, start-up included (goal ≤ 1.1×, "
+        f"{'met' if met else 'not met'}); {bars}"
+    )
+
+
 HEADLINES: list[tuple[str, str, Callable[[Any], str]]] = [
     ("converter", "convert", _convert("digits-cnn", "the demo CNN")),
     ("converter", "convert_corpus_families", _encoder),
     ("converter", "convert_corpus_families", _limit),
     ("converter", "search_cost", _search_cost),
+    ("converter", "budget_under_load", _budget_under_load),
     ("agent", "serve", _serve),
     ("agent", "serve", _lean),
     ("transfer", "transfer", _transfer),
