@@ -15,17 +15,17 @@ cut, the recipe shipped and whether it meets its bar.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the corpus (test support)
+from fleet_parts import cpu_hog  # processes that keep a core busy
+
 from edgefleet.core.profiles import detect_profile
 from edgefleet.core.trust.signing import generate_keypair
 
@@ -35,19 +35,6 @@ REPO = Path(__file__).resolve().parent.parent
 BUDGET_S = 60.0  # edgefleet convert's default for a model that is not a language model (DEFAULT_TIME_BUDGET_S)
 GOAL = 1.1
 MODELS = "u2netp,ppocr-rec,nudenet-320n,minilm-l6,basic-pitch"
-
-
-@contextlib.contextmanager
-def busy(count: int) -> Iterator[None]:
-    """`count` processes that each keep a core busy while the block runs."""
-    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        time.sleep(2 if count else 0)  # let the load show before the conversion starts
-        yield
-    finally:
-        for process in spinning:
-            process.kill()
-            process.wait()
 
 
 def convert_once(name: str, work: Path, key: Path, profile: str, threads: int, samples: int, label: str) -> dict:
@@ -111,7 +98,7 @@ def main() -> None:
         for name in args.model.split(","):
             for label, count in (("as is", 0), (f"{args.busy} busy", args.busy)):
                 print(f"== {name}: {label}", file=sys.stderr, flush=True)
-                with busy(count):
+                with cpu_hog(count):
                     rows.append(convert_once(name, work, key, profile, args.threads, args.samples, label))
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(rows, indent=2))  # after every run: a long run keeps what it measured

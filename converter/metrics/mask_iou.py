@@ -8,32 +8,26 @@ default rule for sparse maps)."""
 from __future__ import annotations
 
 from edgefleet.converter.metrics.base import Metric
-from edgefleet.core.quality.task_metrics import mask_f1, mask_f1_mae, mask_iou, mask_iou_mae
+from edgefleet.core.quality.task_metrics import ScoreFn, mask_f1, mask_f1_mae, mask_iou, mask_iou_mae
+
+
+def _metric(name: str, threshold: float, score: ScoreFn, what: str) -> Metric:
+    return Metric(f"{name}@{threshold:g}", score, f"{what.format(t=f'{threshold:g}')}, against FP32")
 
 
 def make(threshold: float) -> Metric:
-    return Metric(
-        f"mask-iou@{threshold:g}", mask_iou(threshold), f"IoU of the masks thresholded at {threshold:g}, against FP32"
-    )
+    return _metric("mask-iou", threshold, mask_iou(threshold), "IoU of the masks thresholded at {t}")
 
 
 def make_with_mae(threshold: float) -> Metric:
-    return Metric(
-        f"mask-iou-mae@{threshold:g}",
-        mask_iou_mae(threshold),
-        f"the lower of the IoU of the masks thresholded at {threshold:g} and 1 − mean |p − p_FP32|, against FP32",
-    )
+    what = "the lower of the IoU of the masks thresholded at {t} and 1 − mean |p − p_FP32|"
+    return _metric("mask-iou-mae", threshold, mask_iou_mae(threshold), what)
 
 
 def make_f1(threshold: float) -> Metric:
-    return Metric(
-        f"mask-f1@{threshold:g}", mask_f1(threshold), f"F1 of the masks' positives at {threshold:g}, against FP32"
-    )
+    return _metric("mask-f1", threshold, mask_f1(threshold), "F1 of the masks' positives at {t}")
 
 
 def make_f1_with_mae(threshold: float) -> Metric:
-    return Metric(
-        f"mask-f1-mae@{threshold:g}",
-        mask_f1_mae(threshold),
-        f"the lower of the F1 of the masks' positives at {threshold:g} and 1 − mean |p − p_FP32|, against FP32",
-    )
+    what = "the lower of the F1 of the masks' positives at {t} and 1 − mean |p − p_FP32|"
+    return _metric("mask-f1-mae", threshold, mask_f1_mae(threshold), what)

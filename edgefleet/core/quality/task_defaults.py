@@ -124,7 +124,8 @@ def _sequence_logits(name: str, rows: np.ndarray) -> bool:
 
 def _sequence(name: str, rows: np.ndarray, positions: int, why: str) -> TaskRule:
     """A sequence head's rule: CTC text where one class, 0 or the last, is a blank (it wins CTC_BLANK_SHARE of the
-    positions or more), else per-position agreement. `rows`: [samples x positions, classes]."""
+    positions or more), else per-position agreement. `rows`: [samples x positions, classes]; `positions`: per
+    sample (a longer sequence keeps per-position agreement)."""
     winners = np.argmax(rows, axis=1)
     counts = np.bincount(winners, minlength=rows.shape[1])
     blank = int(np.argmax(counts))
@@ -135,9 +136,10 @@ def _sequence(name: str, rows: np.ndarray, positions: int, why: str) -> TaskRule
     return _rule("per-position-agreement", name, "sequence", why)
 
 
-def _sparse(flat: np.ndarray) -> bool:
+def _positive_share(flat: np.ndarray) -> float | None:
+    """The share of the finite values above MASK_THRESHOLD (None where none is finite)."""
     finite = flat[np.isfinite(flat)]
-    return bool(finite.size) and float(np.mean(finite > MASK_THRESHOLD)) < SPARSE_SHARE
+    return float(np.mean(finite > MASK_THRESHOLD)) if finite.size else None
 
 
 def _unit_norm(rows: np.ndarray) -> bool:
@@ -215,8 +217,8 @@ def _by_shape(name: str, ref: np.ndarray, labels: np.ndarray | None, class_label
         if per_sample <= 1:
             return _rule(mask, name, "probability-map", "one probability per sample")
         what = f"a map of {per_sample} values in [0, 1]"
-        if _sparse(flat):
-            share = float(np.mean(flat[np.isfinite(flat)] > MASK_THRESHOLD))
+        share = _positive_share(flat)
+        if share is not None and share < SPARSE_SHARE:
             what += f", {share:.1%} of them positives at {MASK_THRESHOLD:g} (sparse: judged by their F1)"
             return _rule(f"mask-f1-mae@{MASK_THRESHOLD:g}", name, "probability-map", what)
         return _rule(mask, name, "probability-map", what)

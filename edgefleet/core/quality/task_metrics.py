@@ -146,15 +146,20 @@ def mask_iou(threshold: float) -> ScoreFn:
     return fn
 
 
-def mask_iou_mae(threshold: float) -> ScoreFn:
-    """A probability map (or one probability per sample) judged on both what its post-processing keeps and its
-    values: the lower of the IoU of the positives at `threshold` and 1 − the mean absolute error."""
-    iou = mask_iou(threshold)
+def _with_closeness(overlap: ScoreFn) -> ScoreFn:
+    """A probability map judged on both what its post-processing keeps (`overlap` of the positives) and its
+    values: the lower of the two, the values' as 1 − the mean absolute error."""
 
     def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
-        return min(iou(reference, candidate, labels), prob_closeness(reference, candidate, labels))
+        return min(overlap(reference, candidate, labels), prob_closeness(reference, candidate, labels))
 
     return fn
+
+
+def mask_iou_mae(threshold: float) -> ScoreFn:
+    """A probability map (or one probability per sample): the lower of the IoU of the positives at `threshold` and
+    1 − the mean absolute error."""
+    return _with_closeness(mask_iou(threshold))
 
 
 def mask_f1(threshold: float) -> ScoreFn:
@@ -171,14 +176,9 @@ def mask_f1(threshold: float) -> ScoreFn:
 
 
 def mask_f1_mae(threshold: float) -> ScoreFn:
-    """A sparse probability map (events, onsets, peaks: few positives) judged on what its post-processing keeps and
-    on its values: the lower of the F1 of the positives at `threshold` and 1 − the mean absolute error."""
-    f1 = mask_f1(threshold)
-
-    def fn(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
-        return min(f1(reference, candidate, labels), prob_closeness(reference, candidate, labels))
-
-    return fn
+    """A sparse probability map (events, onsets, peaks: few positives): the lower of the F1 of the positives at
+    `threshold` and 1 − the mean absolute error."""
+    return _with_closeness(mask_f1(threshold))
 
 
 def relative_error(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> float:
