@@ -4,6 +4,7 @@ batch size within the queue delay, and each gets back exactly the answer it woul
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,7 +145,14 @@ def test_many_clients_get_every_answer_right_and_the_batcher_ends_idle(
 ) -> None:
     x = digits_samples(64, seed=7)[:, 0]
     expected = np.concatenate([digits({"input": row[None]})["logits"] for row in x])
-    batcher = Batcher(digits, BatchingConfig(max_queue_delay_ms=delay_ms, preferred_batch_size=5, instances=instances))
+
+    def held(feeds: Feeds) -> Feeds:
+        """The real session, held 1 ms a call like a model larger than digits (its few microseconds let two
+        instances and no queue delay answer every request alone on a busy machine: nothing then batches)."""
+        time.sleep(0.001)
+        return digits(feeds)
+
+    batcher = Batcher(held, BatchingConfig(max_queue_delay_ms=delay_ms, preferred_batch_size=5, instances=instances))
     wrong: list[int] = []
 
     def client(seed: int) -> None:
